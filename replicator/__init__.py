@@ -1,0 +1,1 @@
+"""Replicator: mirror a Couchbase bucket into Delta Lake through DCP."""

@@ -1,0 +1,211 @@
+"""Typed events a DCP stream hands to the layer above, one frozen type per message.
+
+The wire codec decodes producer messages into these types; the stream layer adds the
+lifecycle events (`StreamOpened`, `RollbackRequired`). Values arrive already decompressed
+and with xattrs split off, and keys without their collection-id prefix: the layers above
+never see wire encodings.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from replicator.dcp.positions import FailoverLog
+
+
+class SnapshotFlags(enum.IntFlag):
+    """SNAPSHOT_MARKER flags (0x01 is memory, 0x02 disk, whatever the doc's drawing says)."""
+
+    MEMORY = 0x01
+    DISK = 0x02
+    CHECKPOINT = 0x04
+    ACK = 0x08
+    HISTORY = 0x10
+    MAY_CONTAIN_DUPLICATES = 0x20
+
+
+class StreamEndReason(enum.IntEnum):
+    """STREAM_END reasons; everything but OK and CLOSED means: reopen from the committed boundary."""
+
+    OK = 0
+    CLOSED = 1
+    STATE_CHANGED = 2
+    DISCONNECTED = 3
+    TOO_SLOW = 4
+    BACKFILL_FAILED = 5
+    ROLLBACK = 6
+    FILTER_EMPTY = 7
+    LOST_PRIVILEGES = 8
+
+
+class SystemEventType(enum.IntEnum):
+    COLLECTION_CREATED = 0
+    COLLECTION_DROPPED = 1
+    COLLECTION_FLUSHED = 2
+    SCOPE_CREATED = 3
+    SCOPE_DROPPED = 4
+    COLLECTION_CHANGED = 5
+
+
+class OsoFlags(enum.IntFlag):
+    START = 0x01
+    END = 0x02
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotMarker:
+    """Opens a snapshot [start_seqno, end_seqno] of one vbucket.
+
+    The v2.x fields are None when the producer sent a v1 marker.
+    """
+
+    vbucket: int
+    start_seqno: int
+    end_seqno: int
+    flags: SnapshotFlags
+    max_visible_seqno: int | None = None
+    high_completed_seqno: int | None = None
+    purge_seqno: int | None = None
+    high_prepared_seqno: int | None = None
+    stream_id: int | None = None
+
+    @property
+    def is_disk(self) -> bool:
+        return bool(self.flags & SnapshotFlags.DISK)
+
+    @property
+    def may_contain_duplicates(self) -> bool:
+        return bool(self.flags & SnapshotFlags.MAY_CONTAIN_DUPLICATES)
+
+
+@dataclass(frozen=True, slots=True)
+class Mutation:
+    """A document written (created or updated) at `by_seqno`.
+
+    `expiration` is absolute unix seconds (0: never expires). `is_json` comes from the datatype
+    bit; `value` is the document body without xattrs, already decompressed.
+    """
+
+    vbucket: int
+    by_seqno: int
+    rev_seqno: int
+    cas: int
+    flags: int
+    expiration: int
+    lock_time: int
+    collection_id: int
+    key: bytes
+    value: bytes
+    is_json: bool
+    xattrs: tuple[tuple[str, str], ...] = ()
+    stream_id: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Deletion:
+    """A document deleted at `by_seqno` (`delete_time` is 0 for a v1 deletion)."""
+
+    vbucket: int
+    by_seqno: int
+    rev_seqno: int
+    cas: int
+    collection_id: int
+    key: bytes
+    delete_time: int = 0
+    xattrs: tuple[tuple[str, str], ...] = ()
+    stream_id: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Expiration:
+    """A document expired at `by_seqno` (only with the expiry opcode enabled)."""
+
+    vbucket: int
+    by_seqno: int
+    rev_seqno: int
+    cas: int
+    collection_id: int
+    key: bytes
+    delete_time: int
+    stream_id: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SystemEvent:
+    """A collection or scope created, dropped, flushed or changed, at `by_seqno`.
+
+    `name` is the collection or scope name (empty for drops). `collection_id` is None for scope
+    events.
+    """
+
+    vbucket: int
+    by_seqno: int
+    event: SystemEventType
+    version: int
+    name: str
+    manifest_uid: int
+    scope_id: int
+    collection_id: int | None
+    stream_id: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SeqnoAdvanced:
+    """The stream moved to `by_seqno` without an item the consumer can see (filtered collections)."""
+
+    vbucket: int
+    by_seqno: int
+    stream_id: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class OsoSnapshot:
+    """Start or end of an out-of-sequence-order backfill snapshot."""
+
+    vbucket: int
+    flags: OsoFlags
+    stream_id: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StreamEnd:
+    """The producer closed the vbucket's stream."""
+
+    vbucket: int
+    reason: StreamEndReason
+    stream_id: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StreamOpened:
+    """A stream request succeeded; `failover_log` is the producer's log for the vbucket."""
+
+    vbucket: int
+    failover_log: FailoverLog
+
+
+@dataclass(frozen=True, slots=True)
+class RollbackRequired:
+    """The producer answered a stream request with ROLLBACK to `rollback_seqno` (from the value)."""
+
+    vbucket: int
+    rollback_seqno: int
+
+
+ItemEvent = Mutation | Deletion | Expiration | SystemEvent | SeqnoAdvanced
+"""Events that carry a seqno and so can complete a snapshot."""
+
+StreamEvent = (
+    SnapshotMarker
+    | Mutation
+    | Deletion
+    | Expiration
+    | SystemEvent
+    | SeqnoAdvanced
+    | OsoSnapshot
+    | StreamEnd
+    | StreamOpened
+    | RollbackRequired
+)
+"""Everything a vbucket stream can hand up, in per-vbucket order."""

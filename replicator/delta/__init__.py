@@ -1,0 +1,1 @@
+"""The Delta layer: mirror table, group commits, checkpoints, failover logs, rollback."""

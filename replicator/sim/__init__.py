@@ -1,0 +1,1 @@
+"""The embedded DCP producer: a simulated Couchbase bucket served over real TCP."""

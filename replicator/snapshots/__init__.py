@@ -1,0 +1,1 @@
+"""Snapshot assembly and staging: typed events in, complete snapshots out, bounded memory."""

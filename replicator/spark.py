@@ -1,0 +1,125 @@
+"""The one place every SparkSession is built: jobs, tests, notebooks and the demo all come here.
+
+Delta's extension and catalog are set explicitly, the jars come from `replicator.jars`, and local
+runs get defaults sized for a small machine (few shuffle partitions, no UI).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from replicator.errors import DeltaJarsMissing
+from replicator.jars import DELTA_ARTIFACTS, OVERRIDE_ENV, locate_delta_jars
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+DELTA_CONF = {
+    "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+    "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+}
+
+LOCAL_DEFAULTS = {
+    "spark.sql.shuffle.partitions": "4",
+    "spark.default.parallelism": "2",
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.sql.session.timeZone": "UTC",
+    "spark.sql.execution.arrow.pyspark.enabled": "true",
+    "spark.driver.host": "127.0.0.1",
+    "spark.driver.bindAddress": "127.0.0.1",
+    # Delta rebuilds table state with 50 partitions by default: pure overhead on two cores.
+    "spark.databricks.delta.snapshotPartitions": "2",
+}
+
+
+def _is_local(master: str) -> bool:
+    return master.startswith("local")
+
+
+def build_session(
+    app_name: str = "replicator",
+    *,
+    master: str | None = None,
+    conf: Mapping[str, str] | None = None,
+    driver_memory: str = "2g",
+    provide_jars: bool | None = None,
+) -> SparkSession:
+    """Return the SparkSession with Delta Lake enabled, creating it if needed.
+
+    `master` defaults to `local[2]` unless spark-submit already set one. `provide_jars` decides
+    whether the Delta jars from the cache (or `REPLICATOR_DELTA_JARS`) are added; by default they
+    are, unless the launching spark-submit already brings Delta with `--packages` or `--jars`.
+
+    >>> spark = build_session("example")  # doctest: +SKIP
+    >>> spark.range(3).write.format("delta").save("/tmp/example")  # doctest: +SKIP
+    """
+    from pyspark.sql import SparkSession
+
+    submitted = "spark.master" in _submit_conf()
+    settings: dict[str, str] = {}
+    if master is not None:
+        settings["spark.master"] = master
+    elif not submitted:
+        settings["spark.master"] = "local[2]"
+    effective_master = settings.get("spark.master") or _submit_conf().get("spark.master", "")
+    if _is_local(effective_master):
+        settings.update(LOCAL_DEFAULTS)
+    settings.update(DELTA_CONF)
+
+    if provide_jars is None:
+        provide_jars = not _submit_brings_delta()
+    if provide_jars:
+        location = locate_delta_jars()
+        settings["spark.jars"] = ",".join(str(p) for p in location.paths)
+    settings.update(conf or {})
+
+    if _is_local(effective_master):
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    if _is_local(effective_master) and "PYSPARK_SUBMIT_ARGS" not in os.environ:
+        # Driver memory must be known when the JVM starts; a builder setting comes too late.
+        os.environ["PYSPARK_SUBMIT_ARGS"] = f"--driver-memory {driver_memory} pyspark-shell"
+
+    builder = SparkSession.builder.appName(app_name)
+    for key, value in settings.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    ensure_delta_loaded(spark)
+    return spark
+
+
+def ensure_delta_loaded(spark: SparkSession) -> None:
+    """Raise DeltaJarsMissing when the running JVM cannot load Delta's classes."""
+    from py4j.java_gateway import JavaClass
+
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    # py4j resolves through Spark's classloader (which holds spark.jars); a name it cannot
+    # load comes back as a JavaPackage instead of a JavaClass.
+    if not isinstance(jvm.io.delta.tables.DeltaTable, JavaClass):
+        raise DeltaJarsMissing(
+            "the Spark JVM cannot load Delta Lake (io.delta.tables.DeltaTable): the jars "
+            + ", ".join(DELTA_ARTIFACTS)
+            + f" are not on its classpath. Run `make jars`, set {OVERRIDE_ENV}, or pass them to "
+            "spark-submit with --jars."
+        )
+
+
+def _submit_conf() -> dict[str, str]:
+    """Settings spark-submit passed to this Python driver, if it launched us."""
+    from pyspark import SparkConf
+
+    if "SPARK_ENV_LOADED" not in os.environ and "PYSPARK_GATEWAY_PORT" not in os.environ:
+        return {}
+    return dict(SparkConf().getAll())
+
+
+def _submit_brings_delta() -> bool:
+    conf = _submit_conf()
+    return any("delta" in conf.get(key, "") for key in ("spark.jars", "spark.jars.packages"))
+
+
+__all__ = ["DELTA_CONF", "LOCAL_DEFAULTS", "DeltaJarsMissing", "build_session", "ensure_delta_loaded"]
