@@ -122,4 +122,4 @@ def _submit_brings_delta() -> bool:
     return any("delta" in conf.get(key, "") for key in ("spark.jars", "spark.jars.packages"))
 
 
-__all__ = ["DELTA_CONF", "LOCAL_DEFAULTS", "DeltaJarsMissing", "build_session", "ensure_delta_loaded"]
+__all__ = ["DELTA_CONF", "LOCAL_DEFAULTS", "build_session", "ensure_delta_loaded"]
