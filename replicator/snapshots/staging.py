@@ -1,0 +1,618 @@
+"""Bounded-memory staging of change rows per vbucket, spilling to Parquet files when over budget.
+
+Rows wait here between the stream and the Delta commit. A vbucket's rows are either *pending*
+(its open snapshot is not complete yet: never committed, dropped by a rollback) or *ready*
+(they belong to complete snapshots). Consecutive ready snapshots of a vbucket are kept as one
+run, so many small memory snapshots do not turn into many small files. When the rows held in
+memory would go over the budget, the vbucket with the most rows in memory is written to spill
+files, pending rows included: a first backfill is one snapshot of a whole vbucket, larger than
+any memory. Rows are therefore staged as soon as they arrive and the stream can acknowledge
+them (BUFFER_ACK) without waiting for a commit.
+
+Spill files are Parquet with CHANGE_SCHEMA, mode 0600, in a directory of mode 0700 that the
+caller chooses (beside the table, so executors can read it). Not thread-safe: one event loop
+owns a Stager.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from replicator.dcp.events import (
+    Deletion,
+    Expiration,
+    ItemEvent,
+    Mutation,
+    RollbackRequired,
+    SnapshotFlags,
+    StreamEnd,
+    StreamEndReason,
+    StreamEvent,
+    StreamOpened,
+    SystemEvent,
+)
+from replicator.errors import ReplicatorError
+from replicator.snapshots.assembly import CompleteSnapshot, SnapshotAssembler
+from replicator.snapshots.rows import CHANGE_SCHEMA, ChangeRowConverter
+
+if TYPE_CHECKING:
+    from replicator.snapshots.planner import CommitBatch
+
+_log = logging.getLogger(__name__)
+
+DEFAULT_MEMORY_BUDGET_BYTES = 256 * 1024 * 1024
+"""Rows held in memory across all vbuckets before the largest is spilled."""
+
+SpillWriter = Callable[[pa.Table, str], int]
+"""Writes a table to a new file at a path (owner-only mode) and returns the file's size."""
+
+
+class StagingError(ReplicatorError):
+    """Rows could not be written to the staging directory (disk full, size limit, I/O error)."""
+
+
+def write_spill_file(table: pa.Table, path: str) -> int:
+    """Write `table` as a new Parquet file at `path`, mode 0600; return its size in bytes.
+
+    Fails if `path` exists: a spill file is never overwritten.
+    """
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    with os.fdopen(descriptor, "wb") as sink:
+        # The umask can only narrow 0600; set it anyway so the mode never depends on it.
+        os.fchmod(descriptor, 0o600)
+        pq.write_table(table, sink)
+        sink.flush()
+        return sink.tell()
+
+
+def read_spill_file(path: str) -> pa.Table:
+    """The rows of one spill file, with CHANGE_SCHEMA."""
+    return pq.read_table(path, schema=CHANGE_SCHEMA)
+
+
+@dataclass(frozen=True, slots=True)
+class StagedSnapshots:
+    """A run of consecutive complete snapshots of one vbucket, staged and ready to commit.
+
+    Its rows are the in-memory `tables` plus the `spill_files`, in arrival order (not
+    deduplicated). `byte_count` is the Arrow size of all its rows, spilled ones included.
+    `ready_since` is the stager clock's time when its first snapshot completed; `claimed_by`
+    is the id of the commit batch that holds it, if any.
+    """
+
+    run_id: int
+    vbucket: int
+    start_seqno: int
+    end_seqno: int
+    snapshot_count: int
+    flags: SnapshotFlags
+    purge_seqno: int | None
+    manifest_uid: int | None
+    dropped_collection_ids: tuple[int, ...]
+    tables: tuple[pa.Table, ...]
+    spill_files: tuple[str, ...]
+    row_count: int
+    byte_count: int
+    ready_since: float
+    claimed_by: int | None = None
+
+    def read_rows(self) -> pa.Table:
+        """All rows of the run as one table (reads the spill files)."""
+        return read_rows(self.tables, self.spill_files)
+
+
+def read_rows(tables: Iterable[pa.Table], spill_files: Iterable[str]) -> pa.Table:
+    """Concatenate in-memory tables and spill files into one CHANGE_SCHEMA table."""
+    parts = [*tables, *(read_spill_file(path) for path in spill_files)]
+    if not parts:
+        return CHANGE_SCHEMA.empty_table()
+    return pa.concat_tables(parts)
+
+
+@dataclass(frozen=True, slots=True)
+class _SpillFile:
+    path: str
+    file_bytes: int
+    row_count: int
+    arrow_bytes: int
+
+
+@dataclass(slots=True)
+class _Rows:
+    """Rows of one run or of the open snapshot, in memory and in spill files (mutable)."""
+
+    tables: list[pa.Table] = field(default_factory=list)
+    files: list[_SpillFile] = field(default_factory=list)
+    memory_bytes: int = 0
+    row_count: int = 0
+
+    @property
+    def byte_count(self) -> int:
+        return self.memory_bytes + sum(spill.arrow_bytes for spill in self.files)
+
+    def absorb(self, other: _Rows) -> None:
+        self.tables.extend(other.tables)
+        self.files.extend(other.files)
+        self.memory_bytes += other.memory_bytes
+        self.row_count += other.row_count
+
+
+@dataclass(slots=True)
+class _Run:
+    run_id: int
+    start_seqno: int
+    end_seqno: int
+    snapshot_count: int
+    flags: SnapshotFlags
+    purge_seqno: int | None
+    manifest_uid: int | None
+    dropped_collection_ids: list[int]
+    rows: _Rows
+    ready_since: float
+    claimed_by: int | None = None
+
+    def view(self, vbucket: int) -> StagedSnapshots:
+        return StagedSnapshots(
+            run_id=self.run_id,
+            vbucket=vbucket,
+            start_seqno=self.start_seqno,
+            end_seqno=self.end_seqno,
+            snapshot_count=self.snapshot_count,
+            flags=self.flags,
+            purge_seqno=self.purge_seqno,
+            manifest_uid=self.manifest_uid,
+            dropped_collection_ids=tuple(self.dropped_collection_ids),
+            tables=tuple(self.rows.tables),
+            spill_files=tuple(spill.path for spill in self.rows.files),
+            row_count=self.rows.row_count,
+            byte_count=self.rows.byte_count,
+            ready_since=self.ready_since,
+            claimed_by=self.claimed_by,
+        )
+
+
+@dataclass(slots=True)
+class _VbucketStage:
+    pending: _Rows = field(default_factory=_Rows)
+    runs: list[_Run] = field(default_factory=list)
+
+    def spillable(self) -> list[_Rows]:
+        """Row holders whose memory may go to disk: not claimed by a batch being committed."""
+        holders = [run.rows for run in self.runs if run.claimed_by is None]
+        holders.append(self.pending)
+        return [rows for rows in holders if rows.tables]
+
+    def spillable_bytes(self) -> int:
+        return sum(rows.memory_bytes for rows in self.spillable())
+
+
+class Stager:
+    """Holds change rows per vbucket within a memory budget, spilling the largest to disk.
+
+    >>> import tempfile
+    >>> from replicator.dcp.events import SnapshotFlags
+    >>> from replicator.snapshots.assembly import CompleteSnapshot
+    >>> stager = Stager(tempfile.mkdtemp() + "/run-1", memory_budget_bytes=1 << 20)
+    >>> stager.complete_snapshot(CompleteSnapshot(7, 1, 9, SnapshotFlags.MEMORY))
+    >>> [run.end_seqno for run in stager.ready(7)]
+    [9]
+
+    `stage_rows` either stages all its rows (in memory or in a new spill file) or, on
+    StagingError, none of them. In-memory rows never exceed the budget: rows that cannot fit
+    go straight to disk. Rows of a run claimed by a batch stay where they are until `release`.
+    """
+
+    def __init__(
+        self,
+        staging_dir: str | os.PathLike[str],
+        *,
+        memory_budget_bytes: int = DEFAULT_MEMORY_BUDGET_BYTES,
+        spill_writer: SpillWriter = write_spill_file,
+        spill_limit_bytes: int | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if memory_budget_bytes <= 0:
+            raise ValueError(f"memory budget must be positive, got {memory_budget_bytes}")
+        if spill_limit_bytes is not None and spill_limit_bytes <= 0:
+            raise ValueError(f"spill limit must be positive, got {spill_limit_bytes}")
+        self._dir = os.fspath(staging_dir)
+        self._budget = memory_budget_bytes
+        self._write = spill_writer
+        self._spill_limit = spill_limit_bytes
+        self._clock = clock
+        self._vbuckets: dict[int, _VbucketStage] = {}
+        self._claims: dict[int, set[int]] = {}
+        self._buffered = 0
+        self._peak_buffered = 0
+        self._spilled_file_bytes = 0
+        self._next_run_id = 1
+        self._next_file = 1
+        try:
+            os.makedirs(self._dir, mode=0o700, exist_ok=True)
+            os.chmod(self._dir, 0o700)
+        except OSError as exc:
+            raise StagingError(
+                f"cannot create staging directory {self._dir}: {exc.strerror}"
+            ) from exc
+
+    @property
+    def staging_dir(self) -> str:
+        """Directory of the spill files."""
+        return self._dir
+
+    @property
+    def memory_budget_bytes(self) -> int:
+        return self._budget
+
+    @property
+    def buffered_bytes(self) -> int:
+        """Arrow bytes of the rows held in memory (never above the budget)."""
+        return self._buffered
+
+    @property
+    def peak_buffered_bytes(self) -> int:
+        """The most `buffered_bytes` has been since the stager was made."""
+        return self._peak_buffered
+
+    @property
+    def spilled_bytes(self) -> int:
+        """Bytes of the spill files on disk."""
+        return self._spilled_file_bytes
+
+    @property
+    def staged_bytes(self) -> int:
+        """Everything staged and not yet released: bytes in memory plus bytes on disk."""
+        return self._buffered + self._spilled_file_bytes
+
+    def stage_rows(self, vbucket: int, rows: pa.RecordBatch | pa.Table) -> None:
+        """Add rows of the vbucket's open (not yet complete) snapshot."""
+        table = pa.Table.from_batches([rows]) if isinstance(rows, pa.RecordBatch) else rows
+        if not table.schema.equals(CHANGE_SCHEMA):
+            raise ValueError(
+                f"vbucket {vbucket}: staged rows must have CHANGE_SCHEMA, got {table.schema}"
+            )
+        if table.num_rows == 0:
+            return
+        stage = self._stage(vbucket)
+        incoming = table.nbytes
+        if incoming <= self._budget:
+            self._make_room(incoming)
+        if self._buffered + incoming > self._budget:
+            # Too big for memory even after spilling what may be spilled: straight to disk.
+            spill = self._write_spill(vbucket, table, already_written=0)
+            stage.pending.files.append(spill)
+            stage.pending.row_count += spill.row_count
+            self._spilled_file_bytes += spill.file_bytes
+            return
+        stage.pending.tables.append(table)
+        stage.pending.memory_bytes += incoming
+        stage.pending.row_count += table.num_rows
+        self._buffered += incoming
+        self._peak_buffered = max(self._peak_buffered, self._buffered)
+
+    def complete_snapshot(self, snapshot: CompleteSnapshot) -> None:
+        """The vbucket's pending rows form the complete `snapshot`: they become ready."""
+        stage = self._stage(snapshot.vbucket)
+        last = stage.runs[-1] if stage.runs else None
+        if last is not None and snapshot.end_seqno < last.end_seqno:
+            raise ValueError(
+                f"vbucket {snapshot.vbucket}: snapshot ending at {snapshot.end_seqno} completes "
+                f"after one ending at {last.end_seqno}"
+            )
+        pending, stage.pending = stage.pending, _Rows()
+        if last is not None and last.claimed_by is None:
+            last.end_seqno = snapshot.end_seqno
+            last.snapshot_count += 1
+            last.flags |= snapshot.flags
+            if snapshot.purge_seqno is not None:
+                last.purge_seqno = snapshot.purge_seqno
+            if snapshot.manifest_uid is not None:
+                last.manifest_uid = snapshot.manifest_uid
+            last.dropped_collection_ids.extend(snapshot.dropped_collection_ids)
+            last.rows.absorb(pending)
+            return
+        stage.runs.append(
+            _Run(
+                run_id=self._next_run_id,
+                start_seqno=snapshot.start_seqno,
+                end_seqno=snapshot.end_seqno,
+                snapshot_count=1,
+                flags=snapshot.flags,
+                purge_seqno=snapshot.purge_seqno,
+                manifest_uid=snapshot.manifest_uid,
+                dropped_collection_ids=list(snapshot.dropped_collection_ids),
+                rows=pending,
+                ready_since=self._clock(),
+            )
+        )
+        self._next_run_id += 1
+
+    def ready(self, vbucket: int) -> tuple[StagedSnapshots, ...]:
+        """The vbucket's ready runs, oldest first, claimed ones included."""
+        stage = self._vbuckets.get(vbucket)
+        if stage is None:
+            return ()
+        return tuple(run.view(vbucket) for run in stage.runs)
+
+    def ready_snapshots(self) -> dict[int, tuple[StagedSnapshots, ...]]:
+        """Ready runs of every vbucket that has some: the planner's input."""
+        return {
+            vbucket: tuple(run.view(vbucket) for run in stage.runs)
+            for vbucket, stage in sorted(self._vbuckets.items())
+            if stage.runs
+        }
+
+    def pending_rows(self, vbucket: int) -> int:
+        """Rows staged for the vbucket's open snapshot (not committable yet)."""
+        stage = self._vbuckets.get(vbucket)
+        return 0 if stage is None else stage.pending.row_count
+
+    def claim(self, batch: CommitBatch) -> None:
+        """Mark the runs a freshly planned batch commits: they stay as they are until release.
+
+        Raises ValueError, claiming nothing, if the batch no longer matches what is staged.
+        """
+        if batch.batch_id in self._claims:
+            raise ValueError(f"batch {batch.batch_id} is already claimed")
+        claimed: list[_Run] = []
+        for commit in batch.commits:
+            runs = {run.run_id: run for run in self._stage(commit.vbucket).runs}
+            for run_id in commit.staged_run_ids:
+                run = runs.get(run_id)
+                if run is None or run.claimed_by is not None:
+                    raise ValueError(
+                        f"batch {batch.batch_id}: vbucket {commit.vbucket}'s staged run "
+                        f"{run_id} is gone or claimed; plan the batch again"
+                    )
+                if run.end_seqno > commit.position.seqno:
+                    raise ValueError(
+                        f"batch {batch.batch_id}: vbucket {commit.vbucket} staged up to "
+                        f"{run.end_seqno} since the batch was planned for "
+                        f"{commit.position.seqno}; plan the batch again"
+                    )
+                claimed.append(run)
+        for run in claimed:
+            run.claimed_by = batch.batch_id
+        self._claims[batch.batch_id] = {commit.vbucket for commit in batch.commits}
+
+    def release(self, batch: CommitBatch) -> None:
+        """The batch's commit landed: drop its rows and delete its spill files.
+
+        Runs claimed by the batch for vbuckets taken out of it since (`without_vbucket`) are
+        unclaimed, not dropped: they were not committed.
+        """
+        claimed_vbuckets = self._claims.pop(batch.batch_id, None)
+        if claimed_vbuckets is None:
+            raise ValueError(f"batch {batch.batch_id} was never claimed")
+        committed = {commit.vbucket for commit in batch.commits}
+        for vbucket in claimed_vbuckets:
+            stage = self._vbuckets.get(vbucket)
+            if stage is None:
+                continue
+            kept: list[_Run] = []
+            for run in stage.runs:
+                if run.claimed_by != batch.batch_id:
+                    kept.append(run)
+                elif vbucket in committed:
+                    self._drop_rows(run.rows)
+                else:
+                    run.claimed_by = None
+                    kept.append(run)
+            stage.runs = kept
+
+    def discard_pending(self, vbucket: int) -> None:
+        """Drop the rows of the vbucket's open snapshot (its stream failed mid-snapshot)."""
+        stage = self._vbuckets.get(vbucket)
+        if stage is not None:
+            self._drop_rows(stage.pending)
+            stage.pending = _Rows()
+
+    def discard(self, vbucket: int) -> None:
+        """Drop everything staged for the vbucket, ready runs and claimed ones included."""
+        stage = self._vbuckets.pop(vbucket, None)
+        if stage is None:
+            return
+        self._drop_rows(stage.pending)
+        for run in stage.runs:
+            self._drop_rows(run.rows)
+
+    def close(self) -> None:
+        """Discard every vbucket and remove the staging directory if nothing else is in it."""
+        for vbucket in list(self._vbuckets):
+            self.discard(vbucket)
+        self._claims.clear()
+        with contextlib.suppress(OSError):  # not empty or already gone: leave it
+            os.rmdir(self._dir)
+
+    def _stage(self, vbucket: int) -> _VbucketStage:
+        stage = self._vbuckets.get(vbucket)
+        if stage is None:
+            stage = self._vbuckets[vbucket] = _VbucketStage()
+        return stage
+
+    def _make_room(self, incoming: int) -> None:
+        while self._buffered + incoming > self._budget:
+            spillable = {vb: stage.spillable_bytes() for vb, stage in self._vbuckets.items()}
+            largest = max(spillable, key=lambda vb: spillable[vb], default=None)
+            if largest is None or spillable[largest] == 0:
+                return
+            self._spill_vbucket(largest)
+
+    def _spill_vbucket(self, vbucket: int) -> None:
+        """Write all spillable in-memory rows of the vbucket to files, all or nothing."""
+        written: list[tuple[_Rows, _SpillFile]] = []
+        try:
+            for rows in self._stage(vbucket).spillable():
+                table = pa.concat_tables(rows.tables)
+                already = sum(spill.file_bytes for _, spill in written)
+                written.append((rows, self._write_spill(vbucket, table, already_written=already)))
+        except StagingError:
+            for _, spill in written:
+                _remove(spill.path)
+            raise
+        for rows, spill in written:
+            self._buffered -= rows.memory_bytes
+            self._spilled_file_bytes += spill.file_bytes
+            rows.tables.clear()
+            rows.memory_bytes = 0
+            rows.files.append(spill)
+
+    def _write_spill(self, vbucket: int, table: pa.Table, *, already_written: int) -> _SpillFile:
+        path = os.path.join(self._dir, f"vb{vbucket:04d}-{self._next_file:08d}.parquet")
+        self._next_file += 1
+        try:
+            size = self._write(table, path)
+        except OSError as exc:
+            _remove(path)
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                problem = "the disk is full"
+            else:
+                problem = exc.strerror or str(exc)
+            raise StagingError(
+                f"cannot spill {table.num_rows} rows of vbucket {vbucket} to {path}: {problem}; "
+                "free space in the staging directory or raise the memory budget"
+            ) from exc
+        if (
+            self._spill_limit is not None
+            and self._spilled_file_bytes + already_written + size > self._spill_limit
+        ):
+            _remove(path)
+            raise StagingError(
+                f"cannot spill {table.num_rows} rows of vbucket {vbucket}: the staging directory "
+                f"would exceed its limit of {self._spill_limit} bytes; commit more often or "
+                "raise the limit"
+            )
+        return _SpillFile(path, size, table.num_rows, table.nbytes)
+
+    def _drop_rows(self, rows: _Rows) -> None:
+        self._buffered -= rows.memory_bytes
+        for spill in rows.files:
+            _remove(spill.path)
+            self._spilled_file_bytes -= spill.file_bytes
+        rows.tables.clear()
+        rows.files.clear()
+        rows.memory_bytes = 0
+        rows.row_count = 0
+
+
+class StreamStager:
+    """Stages a DCP stream's events: snapshot assembly, row conversion in chunks, staging.
+
+    Once `feed` returns, the event is staged (in a chunk of bounded size or in the stager), so
+    the stream may count it towards BUFFER_ACK. `feed` returns the snapshot the event
+    completed, whose rows are then ready in the stager. A failed stream's half-sent snapshot
+    is dropped here and in the stager. After a ProtocolError or StagingError the vbucket's
+    state is unreliable: `discard` it and reopen its stream.
+    """
+
+    def __init__(
+        self,
+        stager: Stager,
+        converter: ChangeRowConverter | None = None,
+        *,
+        chunk_rows: int = 4096,
+        chunk_bytes: int = 4 * 1024 * 1024,
+    ) -> None:
+        if chunk_rows <= 0 or chunk_bytes <= 0:
+            raise ValueError("chunk_rows and chunk_bytes must be positive")
+        self._stager = stager
+        self._converter = converter if converter is not None else ChangeRowConverter()
+        self._assembler = SnapshotAssembler(keep_items=False)
+        self._chunk_rows = chunk_rows
+        self._chunk_bytes = chunk_bytes
+        self._chunks: dict[int, list[ItemEvent]] = {}
+        self._chunk_sizes: dict[int, int] = {}
+        self._chunked_bytes = 0
+
+    @property
+    def assembler(self) -> SnapshotAssembler:
+        return self._assembler
+
+    @property
+    def stager(self) -> Stager:
+        return self._stager
+
+    @property
+    def chunked_bytes(self) -> int:
+        """Approximate bytes of items waiting in chunks for conversion."""
+        return self._chunked_bytes
+
+    def feed(self, event: StreamEvent) -> CompleteSnapshot | None:
+        """Assemble and stage one event; return the snapshot it completed, if any."""
+        completed = self._assembler.feed(event)
+        vbucket = event.vbucket
+        if isinstance(event, Mutation | Deletion | Expiration | SystemEvent):
+            # System events ride along so the converter learns collection names in order.
+            self._chunks.setdefault(vbucket, []).append(event)
+            size = _approximate_size(event)
+            self._chunk_sizes[vbucket] = self._chunk_sizes.get(vbucket, 0) + size
+            self._chunked_bytes += size
+        if completed is not None:
+            self._flush(vbucket)
+            self._stager.complete_snapshot(completed)
+        elif _voids_partial(event):
+            self._drop_chunk(vbucket)
+            self._stager.discard_pending(vbucket)
+        elif len(self._chunks.get(vbucket, ())) >= self._chunk_rows:
+            self._flush(vbucket)
+        if self._chunked_bytes >= self._chunk_bytes:
+            self.flush()
+        return completed
+
+    def flush(self) -> None:
+        """Convert and stage every waiting chunk."""
+        for vbucket in list(self._chunks):
+            self._flush(vbucket)
+
+    def discard(self, vbucket: int, *, resume_seqno: int | None = None) -> None:
+        """Drop all the vbucket's staged and half-assembled rows (rollback or reconnect)."""
+        self._assembler.discard(vbucket, resume_seqno=resume_seqno)
+        self._drop_chunk(vbucket)
+        self._stager.discard(vbucket)
+
+    def _flush(self, vbucket: int) -> None:
+        chunk = self._chunks.get(vbucket)
+        if not chunk:
+            return
+        self._stager.stage_rows(vbucket, self._converter.convert(chunk))
+        self._drop_chunk(vbucket)
+
+    def _drop_chunk(self, vbucket: int) -> None:
+        self._chunks.pop(vbucket, None)
+        self._chunked_bytes -= self._chunk_sizes.pop(vbucket, 0)
+
+
+def _voids_partial(event: StreamEvent) -> bool:
+    """Whether the event makes the assembler drop the vbucket's half-received snapshot."""
+    if isinstance(event, StreamEnd):
+        return event.reason is not StreamEndReason.OK
+    return isinstance(event, StreamOpened | RollbackRequired)
+
+
+def _approximate_size(item: Mutation | Deletion | Expiration | SystemEvent) -> int:
+    # Fixed part: the numeric columns and Python object overhead, roughly.
+    if isinstance(item, Mutation):
+        return 96 + len(item.key) + len(item.value)
+    if isinstance(item, SystemEvent):
+        return 96 + len(item.name)
+    return 96 + len(item.key)
+
+
+def _remove(path: str) -> None:
+    try:
+        os.remove(path)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        # A leftover spill file wastes space but loses nothing; the run's directory is temporary.
+        _log.warning("could not delete spill file %s: %s", path, exc.strerror)

@@ -1,0 +1,410 @@
+"""Staging: memory budget, spill files, ready runs, claim/release, discard, disk-full faults."""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+
+from replicator.dcp.events import (
+    Mutation,
+    SnapshotFlags,
+    SnapshotMarker,
+    StreamEnd,
+    StreamEndReason,
+    StreamEvent,
+)
+from replicator.dcp.positions import FailoverLog
+from replicator.errors import ProtocolError, ReplicatorError
+from replicator.snapshots.assembly import CompleteSnapshot
+from replicator.snapshots.planner import CommitThresholds, plan_commit, without_vbucket
+from replicator.snapshots.rows import CHANGE_SCHEMA, ChangeRowConverter
+from replicator.snapshots.staging import (
+    Stager,
+    StagingError,
+    StreamStager,
+    read_spill_file,
+    write_spill_file,
+)
+
+CONVERTER = ChangeRowConverter(now=lambda: 0.0)
+
+
+def mutation(vbucket: int, seqno: int, value_size: int = 200) -> Mutation:
+    value = b'"' + b"x" * value_size + b'"'
+    return Mutation(vbucket, seqno, 1, seqno, 0, 0, 0, 0, b"doc-%d" % seqno, value, True)
+
+
+def rows(vbucket: int, seqnos: range, value_size: int = 200) -> pa.RecordBatch:
+    return CONVERTER.convert([mutation(vbucket, s, value_size) for s in seqnos])
+
+
+def snapshot(vbucket: int, start: int, end: int, **extra: object) -> CompleteSnapshot:
+    return CompleteSnapshot(vbucket, start, end, SnapshotFlags.MEMORY, **extra)  # type: ignore[arg-type]
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class FailingWriter:
+    """Writes normally until call number `fail_on`, which fails like a full disk mid-write."""
+
+    def __init__(self, fail_on: int) -> None:
+        self.calls = 0
+        self.fail_on = fail_on
+
+    def __call__(self, table: pa.Table, path: str) -> int:
+        self.calls += 1
+        if self.calls == self.fail_on:
+            Path(path).write_bytes(b"partial")  # a half-written file must not survive
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+        return write_spill_file(table, path)
+
+
+def spill_paths(directory: Path) -> list[Path]:
+    return sorted(directory.glob("*.parquet"))
+
+
+def seqnos_of(table: pa.Table) -> list[int]:
+    return sorted(table["seqno"].to_pylist())
+
+
+def test_snapshot_four_times_the_budget_spills_and_stays_within_budget(tmp_path: Path) -> None:
+    chunk = rows(1, range(1, 21))
+    budget = 4 * chunk.nbytes + chunk.nbytes // 2
+    stager = Stager(tmp_path / "run", memory_budget_bytes=budget)
+    total = 0
+    seqno = 1
+    while total < 4 * budget:
+        batch = rows(1, range(seqno, seqno + 20))
+        stager.stage_rows(1, batch)
+        seqno += 20
+        total += batch.nbytes
+        assert stager.buffered_bytes <= budget
+    assert stager.peak_buffered_bytes <= budget + chunk.nbytes
+    assert stager.spilled_bytes > 0
+    assert len(spill_paths(tmp_path / "run")) >= 3
+    # Pending rows of an incomplete snapshot are not ready.
+    assert stager.pending_rows(1) == seqno - 1
+    assert stager.ready(1) == ()
+
+    stager.complete_snapshot(snapshot(1, 1, seqno - 1))
+    [run] = stager.ready(1)
+    assert (run.start_seqno, run.end_seqno, run.row_count) == (1, seqno - 1, seqno - 1)
+    assert run.spill_files and all(Path(path).exists() for path in run.spill_files)
+    assert seqnos_of(run.read_rows()) == list(range(1, seqno))
+    assert stager.pending_rows(1) == 0
+
+
+def test_spill_files_are_owner_only_in_an_owner_only_directory(tmp_path: Path) -> None:
+    directory = tmp_path / "table" / "_replicator_staging" / "run-7"
+    stager = Stager(directory, memory_budget_bytes=1)
+    stager.stage_rows(3, rows(3, range(1, 5)))
+    [path] = spill_paths(directory)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert stat.S_IMODE(directory.stat().st_mode) == 0o700
+    table = read_spill_file(str(path))
+    assert table.schema.equals(CHANGE_SCHEMA)
+    assert seqnos_of(table) == [1, 2, 3, 4]
+
+
+def test_rows_larger_than_the_budget_go_straight_to_disk(tmp_path: Path) -> None:
+    stager = Stager(tmp_path, memory_budget_bytes=1024)
+    stager.stage_rows(2, rows(2, range(1, 51)))
+    assert stager.buffered_bytes == 0 and stager.peak_buffered_bytes == 0
+    assert stager.pending_rows(2) == 50
+    assert len(spill_paths(tmp_path)) == 1
+
+
+def test_the_largest_vbucket_is_spilled_first(tmp_path: Path) -> None:
+    small = rows(1, range(1, 3))
+    large = rows(2, range(1, 31))
+    stager = Stager(tmp_path, memory_budget_bytes=small.nbytes + large.nbytes + 10)
+    stager.stage_rows(1, small)
+    stager.stage_rows(2, large)
+    stager.complete_snapshot(snapshot(2, 1, 30))
+    assert stager.spilled_bytes == 0
+    stager.stage_rows(1, rows(1, range(3, 5)))
+    [run] = stager.ready(2)
+    assert run.tables == () and len(run.spill_files) == 1
+    assert stager.buffered_bytes == small.nbytes + rows(1, range(3, 5)).nbytes
+    assert all(path.name.startswith("vb0002-") for path in spill_paths(tmp_path))
+
+
+def test_consecutive_snapshots_form_one_run(tmp_path: Path) -> None:
+    clock = Clock()
+    stager = Stager(tmp_path, clock=clock)
+    stager.stage_rows(4, rows(4, range(1, 3)))
+    stager.complete_snapshot(snapshot(4, 1, 2, purge_seqno=1))
+    clock.now = 105.0
+    stager.complete_snapshot(snapshot(4, 3, 5))  # no rows: only moves the position
+    stager.stage_rows(4, rows(4, range(6, 8)))
+    stager.complete_snapshot(snapshot(4, 6, 7, manifest_uid=9, dropped_collection_ids=(8,)))
+    [run] = stager.ready(4)
+    assert (run.start_seqno, run.end_seqno, run.snapshot_count, run.row_count) == (1, 7, 3, 4)
+    assert (run.purge_seqno, run.manifest_uid, run.dropped_collection_ids) == (1, 9, (8,))
+    assert run.ready_since == 100.0
+
+
+def test_completing_a_snapshot_below_the_last_ready_end_is_refused(tmp_path: Path) -> None:
+    stager = Stager(tmp_path)
+    stager.complete_snapshot(snapshot(4, 1, 10))
+    with pytest.raises(ValueError, match="ending at 5 completes after one ending at 10"):
+        stager.complete_snapshot(snapshot(4, 1, 5))
+
+
+def test_rows_of_another_schema_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="CHANGE_SCHEMA"):
+        Stager(tmp_path).stage_rows(1, pa.table({"seqno": [1]}))
+
+
+def test_discard_drops_pending_and_ready_rows_and_their_files(tmp_path: Path) -> None:
+    stager = Stager(tmp_path, memory_budget_bytes=rows(5, range(1, 11)).nbytes)
+    stager.stage_rows(5, rows(5, range(1, 11)))
+    stager.complete_snapshot(snapshot(5, 1, 10))
+    stager.stage_rows(5, rows(5, range(11, 21)))  # spills the ready run
+    stager.stage_rows(6, rows(6, range(1, 3)))
+    assert spill_paths(tmp_path)
+    stager.discard(5)
+    assert stager.ready(5) == () and stager.pending_rows(5) == 0
+    assert spill_paths(tmp_path) == []
+    assert stager.spilled_bytes == 0
+    assert stager.buffered_bytes == rows(6, range(1, 3)).nbytes
+    assert stager.pending_rows(6) == 2
+
+
+def test_discard_pending_keeps_ready_runs(tmp_path: Path) -> None:
+    stager = Stager(tmp_path, memory_budget_bytes=1)
+    stager.stage_rows(5, rows(5, range(1, 4)))
+    stager.complete_snapshot(snapshot(5, 1, 3))
+    stager.stage_rows(5, rows(5, range(4, 6)))
+    stager.discard_pending(5)
+    assert stager.pending_rows(5) == 0
+    [run] = stager.ready(5)
+    assert seqnos_of(run.read_rows()) == [1, 2, 3]
+    assert len(spill_paths(tmp_path)) == 1
+
+
+def plan(stager: Stager, batch_id: int) -> object:
+    logs = {vb: FailoverLog.of([(0xFEED, 0)]) for vb in range(16)}
+    batch = plan_commit(
+        stager.ready_snapshots(), {}, logs, CommitThresholds(), batch_id=batch_id, now=0, force=True
+    )
+    assert batch is not None
+    return batch
+
+
+def test_release_deletes_the_committed_rows_only(tmp_path: Path) -> None:
+    stager = Stager(tmp_path, memory_budget_bytes=1)
+    stager.stage_rows(7, rows(7, range(1, 5)))
+    stager.complete_snapshot(snapshot(7, 1, 4))
+    batch = plan(stager, 1)
+    stager.claim(batch)  # type: ignore[arg-type]
+    # Snapshots completing after the claim do not join the claimed run.
+    stager.stage_rows(7, rows(7, range(5, 7)))
+    stager.complete_snapshot(snapshot(7, 5, 6))
+    assert [run.end_seqno for run in stager.ready(7)] == [4, 6]
+    assert len(spill_paths(tmp_path)) == 2
+    stager.release(batch)  # type: ignore[arg-type]
+    [left] = stager.ready(7)
+    assert (left.end_seqno, left.claimed_by) == (6, None)
+    assert len(spill_paths(tmp_path)) == 1
+    assert seqnos_of(left.read_rows()) == [5, 6]
+    with pytest.raises(ValueError, match="never claimed"):
+        stager.release(batch)  # type: ignore[arg-type]
+
+
+def test_claimed_rows_are_not_spilled(tmp_path: Path) -> None:
+    first = rows(7, range(1, 5))
+    stager = Stager(tmp_path, memory_budget_bytes=first.nbytes + 1)
+    stager.stage_rows(7, first)
+    stager.complete_snapshot(snapshot(7, 1, 4))
+    batch = plan(stager, 1)
+    stager.claim(batch)  # type: ignore[arg-type]
+    stager.stage_rows(8, rows(8, range(1, 3)))  # no room: goes to disk, the claimed run stays
+    [claimed] = stager.ready(7)
+    assert claimed.spill_files == () and claimed.claimed_by == 1
+    assert stager.pending_rows(8) == 2 and stager.buffered_bytes == first.nbytes
+
+
+def test_release_of_a_batch_without_a_vbucket_unclaims_that_vbucket(tmp_path: Path) -> None:
+    stager = Stager(tmp_path)
+    for vbucket in (1, 2):
+        stager.stage_rows(vbucket, rows(vbucket, range(1, 3)))
+        stager.complete_snapshot(snapshot(vbucket, 1, 2))
+    batch = plan(stager, 3)
+    stager.claim(batch)  # type: ignore[arg-type]
+    smaller = without_vbucket(batch, 2)  # type: ignore[arg-type]
+    stager.release(smaller)
+    assert stager.ready(1) == ()
+    [kept] = stager.ready(2)
+    assert kept.claimed_by is None and kept.row_count == 2
+
+
+def test_claim_refuses_a_stale_batch(tmp_path: Path) -> None:
+    stager = Stager(tmp_path)
+    stager.complete_snapshot(snapshot(1, 1, 2))
+    batch = plan(stager, 1)
+    stager.complete_snapshot(snapshot(1, 3, 4))  # joins the run the batch was planned from
+    with pytest.raises(ValueError, match="plan the batch again"):
+        stager.claim(batch)  # type: ignore[arg-type]
+    assert stager.ready(1)[0].claimed_by is None
+
+
+def test_disk_full_while_spilling_raises_and_registers_nothing(tmp_path: Path) -> None:
+    ready, pending = rows(9, range(1, 11)), rows(9, range(11, 21))
+    writer = FailingWriter(fail_on=2)
+    budget = ready.nbytes + pending.nbytes + 1
+    stager = Stager(tmp_path, memory_budget_bytes=budget, spill_writer=writer)
+    stager.stage_rows(9, ready)
+    stager.complete_snapshot(snapshot(9, 1, 10))
+    stager.stage_rows(9, pending)
+    assert stager.spilled_bytes == 0
+    before = (stager.buffered_bytes, stager.spilled_bytes, stager.pending_rows(9))
+    # Needs room: vbucket 9's ready run (file 1) and pending rows (file 2) are spilled together.
+    with pytest.raises(StagingError, match=r"vbucket 9 .*the disk is full") as caught:
+        stager.stage_rows(9, rows(9, range(21, 31)))
+    assert writer.calls == 2  # the first file was written, then removed again
+    assert isinstance(caught.value, ReplicatorError)
+    assert "free space" in str(caught.value)
+    assert spill_paths(tmp_path) == []
+    assert (stager.buffered_bytes, stager.spilled_bytes, stager.pending_rows(9)) == before
+    [run] = stager.ready(9)
+    assert run.spill_files == () and seqnos_of(run.read_rows()) == list(range(1, 11))
+    # Once there is space again, staging goes on.
+    writer.fail_on = 0
+    stager.stage_rows(9, rows(9, range(21, 31)))
+    assert stager.pending_rows(9) == 20
+
+
+def test_disk_full_on_a_direct_spill_stages_nothing(tmp_path: Path) -> None:
+    stager = Stager(tmp_path, memory_budget_bytes=10, spill_writer=FailingWriter(fail_on=1))
+    with pytest.raises(StagingError, match="disk is full"):
+        stager.stage_rows(1, rows(1, range(1, 4)))
+    assert stager.pending_rows(1) == 0 and spill_paths(tmp_path) == []
+
+
+def test_spill_size_limit_raises_a_staging_error(tmp_path: Path) -> None:
+    stager = Stager(tmp_path, memory_budget_bytes=10, spill_limit_bytes=200)
+    with pytest.raises(StagingError, match="limit of 200 bytes"):
+        stager.stage_rows(1, rows(1, range(1, 4)))
+    assert spill_paths(tmp_path) == [] and stager.spilled_bytes == 0
+
+
+def test_close_removes_files_and_the_directory(tmp_path: Path) -> None:
+    directory = tmp_path / "run"
+    stager = Stager(directory, memory_budget_bytes=1)
+    stager.stage_rows(1, rows(1, range(1, 4)))
+    stager.close()
+    assert not directory.exists()
+
+
+def test_invalid_budget_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="memory budget"):
+        Stager(tmp_path, memory_budget_bytes=0)
+
+
+def test_unusable_staging_directory_raises_a_staging_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(StagingError, match="cannot create staging directory"):
+        Stager(blocker / "run")
+
+
+# StreamStager: events in, rows staged.
+
+
+def test_stream_stager_stages_a_backfill_larger_than_memory(tmp_path: Path) -> None:
+    one_chunk = rows(0, range(1, 65), value_size=300).nbytes
+    stager = Stager(tmp_path, memory_budget_bytes=one_chunk * 2)
+    stream = StreamStager(stager, CONVERTER, chunk_rows=64, chunk_bytes=1 << 30)
+    last = 64 * 8  # eight chunks: four times the budget
+    assert stream.feed(SnapshotMarker(0, 0, last, SnapshotFlags.DISK)) is None
+    for seqno in range(1, last):
+        assert stream.feed(mutation(0, seqno, 300)) is None
+        assert stager.buffered_bytes <= stager.memory_budget_bytes
+    assert stager.pending_rows(0) == last - 64  # the last chunk is still waiting
+    done = stream.feed(mutation(0, last, 300))
+    assert done is not None and done.end_seqno == last and done.items == ()
+    assert stager.peak_buffered_bytes <= stager.memory_budget_bytes + one_chunk
+    assert stager.spilled_bytes > 0
+    [run] = stager.ready(0)
+    assert seqnos_of(run.read_rows()) == list(range(1, last + 1))
+
+
+def test_stream_stager_flushes_when_chunks_hold_too_many_bytes(tmp_path: Path) -> None:
+    stager = Stager(tmp_path)
+    stream = StreamStager(stager, CONVERTER, chunk_rows=10_000, chunk_bytes=2_000)
+    stream.feed(SnapshotMarker(0, 1, 100, SnapshotFlags.MEMORY))
+    for seqno in range(1, 11):
+        stream.feed(mutation(0, seqno, 300))
+        assert stream.chunked_bytes < 2_000
+    assert stager.pending_rows(0) > 0
+
+
+def test_stream_stager_drops_the_partial_of_a_failed_stream(tmp_path: Path) -> None:
+    stager = Stager(tmp_path, memory_budget_bytes=1)
+    stream = StreamStager(stager, CONVERTER, chunk_rows=2)
+    events: list[StreamEvent] = [
+        SnapshotMarker(0, 1, 2, SnapshotFlags.MEMORY),
+        mutation(0, 1),
+        mutation(0, 2),
+        SnapshotMarker(0, 3, 9, SnapshotFlags.MEMORY),
+        mutation(0, 3),
+        mutation(0, 4),
+        mutation(0, 5),
+    ]
+    for event in events:
+        stream.feed(event)
+    assert stager.pending_rows(0) == 2 and stream.chunked_bytes > 0
+    stream.feed(StreamEnd(0, StreamEndReason.TOO_SLOW))
+    assert stager.pending_rows(0) == 0 and stream.chunked_bytes == 0
+    [run] = stager.ready(0)
+    assert seqnos_of(run.read_rows()) == [1, 2]
+    assert len(spill_paths(tmp_path)) == 1
+
+
+def test_stream_stager_discard_drops_everything_of_the_vbucket(tmp_path: Path) -> None:
+    stager = Stager(tmp_path)
+    stream = StreamStager(stager, CONVERTER)
+    stream.feed(SnapshotMarker(0, 1, 1, SnapshotFlags.MEMORY))
+    stream.feed(mutation(0, 1))
+    stream.feed(SnapshotMarker(0, 2, 5, SnapshotFlags.MEMORY))
+    stream.feed(mutation(0, 2))
+    stream.discard(0, resume_seqno=0)
+    assert stager.ready(0) == () and stream.chunked_bytes == 0
+    assert stream.assembler.high_completed_end(0) == 0
+
+
+def test_stream_stager_rejects_bad_items_before_staging(tmp_path: Path) -> None:
+    stager = Stager(tmp_path)
+    stream = StreamStager(stager, CONVERTER)
+    with pytest.raises(ProtocolError):
+        stream.feed(mutation(0, 1))
+    assert stream.chunked_bytes == 0
+
+
+def test_stream_stager_names_rows_from_system_events(tmp_path: Path) -> None:
+    from replicator.dcp.events import SystemEvent, SystemEventType
+    from replicator.snapshots.rows import CollectionRegistry
+
+    stager = Stager(tmp_path)
+    stream = StreamStager(stager, ChangeRowConverter(CollectionRegistry()))
+    stream.feed(SnapshotMarker(0, 1, 2, SnapshotFlags.MEMORY))
+    stream.feed(SystemEvent(0, 1, SystemEventType.COLLECTION_CREATED, 0, "orders", 3, 0, 9))
+    item = Mutation(0, 2, 1, 1, 0, 0, 0, 9, b"o-1", b"{}", True)
+    done = stream.feed(item)
+    assert done is not None and done.manifest_uid == 3
+    table = stager.ready(0)[0].read_rows()
+    assert table["collection"].to_pylist() == ["orders"]
+    assert pc.all(pc.equal(table["collection_id"], 9)).as_py()
