@@ -1,0 +1,230 @@
+"""SASL authentication to a data node: mechanism choice and the exchange, without sockets.
+
+Preference: SCRAM-SHA512 > SCRAM-SHA256 > SCRAM-SHA1 (scramp's client; the server proves it knows
+the password too). PLAIN sends the password in clear, so it is used only over TLS unless the
+caller explicitly allows it over plain TCP. The password never appears in a repr, a log line or
+an exception text.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Protocol
+
+from scramp import ScramClient, ScramException
+
+from replicator.dcp.opcodes import Opcode, Status
+from replicator.errors import AuthenticationError, ConfigError
+
+
+@dataclass(frozen=True, slots=True, repr=False)
+class Credentials:
+    """User name and password of a Couchbase RBAC user (needs the DCP reader role)."""
+
+    username: str
+    password: str
+
+    def __post_init__(self) -> None:
+        if not self.username:
+            raise ConfigError("credentials need a non-empty user name")
+
+    def __repr__(self) -> str:
+        return f"Credentials(username={self.username!r}, password=<hidden>)"
+
+    __str__ = __repr__
+
+
+class SaslMechanism(enum.Enum):
+    """SASL mechanisms by the names kv_engine lists them with (no dash after SHA)."""
+
+    SCRAM_SHA512 = "SCRAM-SHA512"
+    SCRAM_SHA256 = "SCRAM-SHA256"
+    SCRAM_SHA1 = "SCRAM-SHA1"
+    PLAIN = "PLAIN"
+
+
+SCRAM_PREFERENCE = (
+    SaslMechanism.SCRAM_SHA512,
+    SaslMechanism.SCRAM_SHA256,
+    SaslMechanism.SCRAM_SHA1,
+)
+
+_SCRAMP_NAMES = {
+    SaslMechanism.SCRAM_SHA512: "SCRAM-SHA-512",
+    SaslMechanism.SCRAM_SHA256: "SCRAM-SHA-256",
+    SaslMechanism.SCRAM_SHA1: "SCRAM-SHA-1",
+}
+
+
+def choose_mechanism(
+    offered: Iterable[str], *, tls: bool, allow_plain_over_tcp: bool = False
+) -> SaslMechanism:
+    """Pick the strongest mechanism both sides support.
+
+    ConfigError when only PLAIN is offered on a plain-TCP connection (and not allowed), or when
+    nothing usable is offered.
+
+    >>> choose_mechanism(["PLAIN", "SCRAM-SHA1", "SCRAM-SHA512"], tls=False).value
+    'SCRAM-SHA512'
+    """
+    names = {name.strip().upper() for name in offered if name.strip()}
+    for mechanism in SCRAM_PREFERENCE:
+        if mechanism.value in names:
+            return mechanism
+    if SaslMechanism.PLAIN.value in names:
+        if tls or allow_plain_over_tcp:
+            return SaslMechanism.PLAIN
+        raise ConfigError(
+            "the server offers only SASL PLAIN, which would send the password in clear over "
+            "plain TCP: connect with couchbases:// (TLS), enable SCRAM on the server, or pass "
+            "allow_plain_over_tcp=True if the network is trusted"
+        )
+    listed = ", ".join(sorted(names)) or "none"
+    raise ConfigError(f"no supported SASL mechanism offered (server lists: {listed})")
+
+
+class SaslSession(Protocol):
+    """One authentication exchange on one connection."""
+
+    mechanism: SaslMechanism
+
+    def initial_response(self) -> bytes:
+        """The value of the SASL_AUTH request."""
+        ...
+
+    def step(self, challenge: bytes) -> bytes:
+        """Answer the server's AUTH_CONTINUE challenge (the value of SASL_STEP)."""
+        ...
+
+    def finish(self, server_final: bytes) -> None:
+        """Check the server's SUCCESS value (SCRAM: its signature)."""
+        ...
+
+
+class PlainSession:
+    """SASL PLAIN: `\\0user\\0password` in one message."""
+
+    mechanism = SaslMechanism.PLAIN
+
+    def __init__(self, credentials: Credentials, *, node: str) -> None:
+        self._credentials = credentials
+        self._node = node
+
+    def initial_response(self) -> bytes:
+        c = self._credentials
+        return b"\x00" + c.username.encode() + b"\x00" + c.password.encode()
+
+    def step(self, challenge: bytes) -> bytes:
+        raise AuthenticationError(self._node, "server asked to continue a PLAIN authentication")
+
+    def finish(self, server_final: bytes) -> None:
+        return None
+
+
+class ScramSession:
+    """SCRAM with SHA-512/256/1 via scramp; verifies the server's signature at the end."""
+
+    def __init__(self, credentials: Credentials, mechanism: SaslMechanism, *, node: str) -> None:
+        if mechanism not in _SCRAMP_NAMES:
+            raise ValueError(f"{mechanism.value} is not a SCRAM mechanism")
+        self.mechanism = mechanism
+        self._node = node
+        self._username = credentials.username
+        try:
+            self._client = ScramClient(
+                [_SCRAMP_NAMES[mechanism]], credentials.username, credentials.password
+            )
+        except ScramException:
+            # scramp's text may quote its input; say only what is wrong.
+            raise ConfigError(
+                f"user {credentials.username!r}: user name or password cannot be prepared "
+                "for SCRAM (SASLprep rejected a character)"
+            ) from None
+
+    def initial_response(self) -> bytes:
+        return str(self._client.get_client_first()).encode()
+
+    def step(self, challenge: bytes) -> bytes:
+        try:
+            self._client.set_server_first(challenge.decode())
+            return str(self._client.get_client_final()).encode()
+        except (ScramException, UnicodeDecodeError) as exc:
+            raise AuthenticationError(
+                self._node, f"{self.mechanism.value}: bad server challenge ({_reason(exc)})"
+            ) from None
+
+    def finish(self, server_final: bytes) -> None:
+        try:
+            self._client.set_server_final(server_final.decode())
+        except (ScramException, UnicodeDecodeError) as exc:
+            raise AuthenticationError(
+                self._node,
+                f"{self.mechanism.value}: the server's final message does not prove it knows "
+                f"the password of {self._username!r} ({_reason(exc)})",
+            ) from None
+
+
+def _reason(exc: Exception) -> str:
+    # scramp messages never contain the password; keep only the first line, short.
+    return str(exc.args[0] if exc.args else exc).splitlines()[0][:200]
+
+
+def start_session(credentials: Credentials, mechanism: SaslMechanism, *, node: str) -> SaslSession:
+    """A fresh session for `mechanism`."""
+    if mechanism is SaslMechanism.PLAIN:
+        return PlainSession(credentials, node=node)
+    return ScramSession(credentials, mechanism, node=node)
+
+
+SaslRoundTrip = Callable[[int, bytes, bytes], tuple[int, bytes]]
+"""Send a SASL request (opcode, key = mechanism name, value) and return (status, value)."""
+
+
+def authenticate(
+    roundtrip: SaslRoundTrip,
+    credentials: Credentials,
+    offered: Iterable[str],
+    *,
+    node: str,
+    tls: bool,
+    allow_plain_over_tcp: bool = False,
+    max_steps: int = 4,
+) -> SaslMechanism:
+    """Run SASL_AUTH / SASL_STEP until the server says SUCCESS; return the mechanism used.
+
+    AUTH_ERROR (or any other failure status) raises AuthenticationError naming the node and
+    the user, never the password.
+    """
+    mechanism = choose_mechanism(offered, tls=tls, allow_plain_over_tcp=allow_plain_over_tcp)
+    session = start_session(credentials, mechanism, node=node)
+    key = mechanism.value.encode()
+    status, value = roundtrip(Opcode.SASL_AUTH, key, session.initial_response())
+    for _ in range(max_steps):
+        if status == Status.SUCCESS:
+            session.finish(value)
+            return mechanism
+        if status != Status.AUTH_CONTINUE:
+            break
+        status, value = roundtrip(Opcode.SASL_STEP, key, session.step(value))
+    if status == Status.AUTH_ERROR:
+        raise AuthenticationError(
+            node,
+            f"authentication of user {credentials.username!r} with {mechanism.value} was "
+            "refused: wrong user name or password, or the user lacks access",
+        )
+    if status == Status.AUTH_CONTINUE:
+        raise AuthenticationError(node, f"{mechanism.value} did not finish in {max_steps} steps")
+    raise AuthenticationError(
+        node,
+        f"authentication of user {credentials.username!r} with {mechanism.value} failed: "
+        f"status {_status_name(status)}",
+    )
+
+
+def _status_name(status: int) -> str:
+    try:
+        return f"{Status(status).name} (0x{status:02x})"
+    except ValueError:
+        return f"0x{status:02x}"

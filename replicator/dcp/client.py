@@ -1,0 +1,1038 @@
+"""The DCP cluster client: one connection per data node, vbucket streams routed by the map.
+
+Usage::
+
+    client = DcpClient("couchbase://db1,db2/travel", Credentials("dcp", secret),
+                       committed_position=store.committed_position)
+    for vb in range(client.cluster_map.num_vbuckets):
+        client.open_stream(vb, VbucketPosition.beginning(vb), None)
+    while running:
+        batch = client.poll(timeout=1.0)
+        for event in batch:          # per-vbucket order preserved
+            stage(event)
+        client.acknowledge(batch)    # once staged: frees the producer's flow-control window
+    client.close()
+
+What the layer above sees: the events of replicator.dcp.events, including `StreamOpened`
+(persist its failover log) and `RollbackRequired` (roll back, then `open_stream` again). When a
+stream ends for a reason that is not final (STATE_CHANGED, DISCONNECTED, TOO_SLOW,
+BACKFILL_FAILED, ROLLBACK) or its connection breaks, a `StreamEnd` is handed up first (a broken
+connection yields `StreamEnd(vb, DISCONNECTED)`), so the layer above drops that vbucket's
+partial snapshot; only after that batch was returned by `poll` and `poll` is called again does
+the client ask `committed_position(vb)` where to resume, and reopen the stream there.
+
+Threads: each connection has an I/O thread; reconnects run in their own threads with
+exponential backoff until a deadline. Stream requests, retries and reopens are sent from the
+caller's thread inside `poll` and `open_stream`. All waits have timeouts.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import json
+import logging
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from functools import partial
+
+from replicator.dcp.auth import Credentials
+from replicator.dcp.cluster_map import ClusterMap, KvNode, parse_cluster_map
+from replicator.dcp.codec import (
+    CloseStream,
+    ClustermapChangeNotification,
+    DcpNoop,
+    GetAllVbSeqnos,
+    GetClusterConfig,
+    GetCollectionsManifest,
+    GetFailoverLog,
+    ProducerMessage,
+    Response,
+    SetVbucketState,
+    failover_log_of,
+    vbucket_seqnos_of,
+)
+from replicator.dcp.connection import (
+    ConnectionOptions,
+    NodeConnection,
+    next_opaque,
+    response_value,
+)
+from replicator.dcp.connstr import ConnectionString
+from replicator.dcp.events import (
+    RollbackRequired,
+    StreamEnd,
+    StreamEndReason,
+    StreamEvent,
+    StreamOpened,
+)
+from replicator.dcp.frame import Frame
+from replicator.dcp.opcodes import Opcode, Status, VbucketState
+from replicator.dcp.positions import MAX_SEQNO, FailoverLog, VbucketPosition
+from replicator.dcp.streams import (
+    Backoff,
+    CommittedPosition,
+    EndAction,
+    OutcomeKind,
+    StreamState,
+    VbucketStream,
+    plan_stream_request,
+    read_stream_response,
+    stream_end_action,
+)
+from replicator.errors import (
+    AuthenticationError,
+    BucketNotFoundError,
+    ConfigError,
+    ConnectionLostError,
+    NodeUnreachableError,
+    ProtocolError,
+    ReplicatorError,
+    TlsError,
+)
+
+log = logging.getLogger(__name__)
+
+PERMANENT_ERRORS = (AuthenticationError, BucketNotFoundError, TlsError, ConfigError)
+"""Failures that retrying with the same settings cannot fix: raised, never retried."""
+
+
+@dataclass(frozen=True, slots=True)
+class ClientOptions:
+    """Settings of a DcpClient. Times in seconds."""
+
+    connection: ConnectionOptions = field(default_factory=ConnectionOptions)
+    reconnect: Backoff = field(
+        default_factory=lambda: Backoff(initial=0.5, maximum=30.0, deadline=300.0)
+    )
+    """Pacing of reconnects to a node; past the deadline `poll` raises ConnectionLostError."""
+    stream_retry: Backoff = field(
+        default_factory=lambda: Backoff(initial=0.1, maximum=5.0, deadline=120.0)
+    )
+    """Pacing of stream requests answered ETMPFAIL / NOT_MY_VBUCKET / stream exists."""
+    max_batch_events: int = 10_000
+
+    def __post_init__(self) -> None:
+        if self.max_batch_events < 1:
+            raise ConfigError("max_batch_events must be at least 1")
+
+
+class AckReceipt:
+    """Bytes per connection that a batch's events occupied in the producers' windows.
+
+    Redeemable once (by `DcpClient.acknowledge`): acknowledging twice would over-open a window.
+    """
+
+    __slots__ = ("_byte_counts", "_taken")
+
+    def __init__(self, byte_counts: Mapping[int, int]) -> None:
+        self._byte_counts = dict(byte_counts)
+        self._taken = False
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(self._byte_counts.values())
+
+    @property
+    def redeemed(self) -> bool:
+        return self._taken
+
+    def take(self) -> dict[int, int]:
+        """The byte counts, once; ValueError on a second call."""
+        if self._taken:
+            raise ValueError("this batch was already acknowledged")
+        self._taken = True
+        return dict(self._byte_counts)
+
+
+@dataclass(frozen=True, slots=True)
+class EventBatch:
+    """What one `poll` returns: events in per-vbucket order and the receipt to acknowledge."""
+
+    events: tuple[StreamEvent, ...]
+    receipt: AckReceipt
+
+    def __iter__(self) -> Iterator[StreamEvent]:
+        return iter(self.events)
+
+    def __len__(self) -> int:
+        return len(self.events)
+
+    def __bool__(self) -> bool:
+        return bool(self.events)
+
+    def __getitem__(self, index: int) -> StreamEvent:
+        return self.events[index]
+
+
+@dataclass(slots=True)
+class _Queued:
+    event: StreamEvent
+    connection_id: int
+    size: int
+    releases_stream: bool = False
+    """Handing this StreamEnd up lets the vbucket's stream be reopened."""
+
+
+class DcpClient:
+    """A DCP consumer of one bucket across the cluster. Connects (bootstraps) on construction.
+
+    Bootstrap tries the seed nodes in order and takes the cluster map from the first that
+    completes the handshake, then connects to every node holding active vbuckets. Wrong
+    credentials, an unknown bucket, TLS failures and bad settings raise at once
+    (AuthenticationError, BucketNotFoundError, TlsError, ConfigError); no seed reachable
+    raises NodeUnreachableError.
+
+    `committed_position(vb)` says where a stream resumes after a non-final end or a broken
+    connection; without it such streams simply end (the StreamEnd is still handed up).
+    Thread-safe.
+    """
+
+    def __init__(
+        self,
+        connection_string: str | ConnectionString,
+        credentials: Credentials,
+        *,
+        options: ClientOptions | None = None,
+        committed_position: CommittedPosition | None = None,
+    ) -> None:
+        if isinstance(connection_string, str):
+            connection_string = ConnectionString.parse(connection_string)
+        self._connstr = connection_string
+        self._credentials = credentials
+        self._options = options or ClientOptions()
+        self._committed_position = committed_position
+        self._lock = threading.RLock()
+        self._cond = threading.Condition(self._lock)
+        self._stop = threading.Event()
+        self._closed = False
+        self._map: ClusterMap | None = None
+        self._connections: dict[KvNode, NodeConnection] = {}
+        self._by_id: dict[int, NodeConnection] = {}
+        self._node_of: dict[int, KvNode] = {}
+        self._connecting: dict[KvNode, threading.Thread] = {}
+        self._streams: dict[int, VbucketStream] = {}
+        self._queue: collections.deque[_Queued] = collections.deque()
+        self._errors: collections.deque[BaseException] = collections.deque()
+        self._fatal: ReplicatorError | None = None
+        self._last_connection_error: ReplicatorError | None = None
+        try:
+            self._bootstrap()
+        except BaseException:
+            self.close()
+            raise
+
+    # --- public API ----------------------------------------------------------------------
+
+    @property
+    def bucket(self) -> str:
+        return self._connstr.bucket
+
+    @property
+    def cluster_map(self) -> ClusterMap:
+        """The newest cluster map seen."""
+        with self._lock:
+            assert self._map is not None
+            return self._map
+
+    @property
+    def last_connection_error(self) -> ReplicatorError | None:
+        """Why a connection broke most recently (for diagnostics; reconnects are automatic)."""
+        with self._lock:
+            return self._last_connection_error
+
+    @property
+    def acknowledged_bytes(self) -> int:
+        """Bytes acknowledged to the producers on the live connections (flow-control metric)."""
+        with self._lock:
+            connections = list(self._by_id.values())
+        return sum(c.flow_control.acknowledged_total for c in connections)
+
+    def stream_state(self, vbucket: int) -> StreamState | None:
+        """The client-side state of a vbucket's stream, None when it has none."""
+        with self._lock:
+            stream = self._streams.get(vbucket)
+            return None if stream is None else stream.state
+
+    def open_stream(
+        self,
+        vbucket: int,
+        position: VbucketPosition,
+        failover_log: FailoverLog | None,
+        end: int = MAX_SEQNO,
+    ) -> None:
+        """Ask for `vbucket`'s changes after `position` (up to `end`); the outcome arrives
+        through `poll` as StreamOpened or RollbackRequired.
+
+        `failover_log` is the one persisted with the position (None only when starting at
+        0). ConfigError when the request would be invalid or the vbucket already streams.
+        """
+        with self._lock:
+            self._check_open()
+            assert self._map is not None
+            self._map.active_node(vbucket)  # range check
+            if position.vbucket != vbucket:
+                raise ConfigError(
+                    f"open_stream({vbucket}) got the position of vbucket {position.vbucket}"
+                )
+            plan_stream_request(position, failover_log, end_seqno=end)  # validate now
+            existing = self._streams.get(vbucket)
+            if existing is not None and existing.state is not StreamState.PENDING:
+                raise ConfigError(
+                    f"vbucket {vbucket} already has a stream ({existing.state.value}); "
+                    "close it first"
+                )
+            stream = VbucketStream(
+                vbucket, end_seqno=end, position=position, failover_log=failover_log
+            )
+            self._streams[vbucket] = stream
+        self._service()
+
+    def close_stream(self, vbucket: int) -> bool:
+        """Close `vbucket`'s stream. Returns False when the vbucket had no stream.
+
+        An open stream ends with StreamEnd (CLOSED) through `poll`. A stream whose request is
+        still unanswered is closed as soon as it opens (StreamOpened, then StreamEnd CLOSED),
+        or silently dropped if the request fails; a pending one is dropped at once.
+        """
+        with self._lock:
+            stream = self._streams.get(vbucket)
+            if stream is None:
+                return False
+            if stream.state is StreamState.PENDING:
+                self._finish(stream)
+            elif stream.state is StreamState.REQUESTED:
+                stream.close_wanted = True
+            elif stream.state is StreamState.OPEN:
+                self._send_close(stream)
+            return True
+
+    def poll(self, timeout: float = 1.0, *, max_events: int | None = None) -> EventBatch:
+        """Wait up to `timeout` s for events; return those queued (possibly none).
+
+        Raises a stream's failure (e.g. a stream request refused for good) or the client's
+        fatal error (reconnect deadline passed, credentials no longer accepted).
+        """
+        limit = max_events or self._options.max_batch_events
+        deadline = time.monotonic() + max(0.0, timeout)
+        while True:
+            self._service()
+            with self._cond:
+                if self._errors:
+                    raise self._errors.popleft()
+                if self._fatal is not None:
+                    raise self._fatal
+                if self._queue:
+                    return self._take_batch(limit)
+                if self._closed:
+                    raise ConfigError("the client is closed")
+                now = time.monotonic()
+                remaining = deadline - now
+                if remaining <= 0:
+                    return EventBatch((), AckReceipt({}))
+                due = [
+                    s.not_before
+                    for s in self._streams.values()
+                    if s.state is StreamState.PENDING and s.not_before > now
+                ]
+                wait = min([remaining, *(d - now for d in due)])
+                self._cond.wait(wait)
+
+    def acknowledge(self, batch: EventBatch) -> None:
+        """The layer above staged every event of `batch`: release its flow-control bytes."""
+        counts = batch.receipt.take()
+        for connection_id, size in counts.items():
+            with self._lock:
+                connection = self._by_id.get(connection_id)
+            if connection is not None:
+                connection.acknowledge(size)
+
+    def failover_log(self, vbucket: int, *, timeout: float | None = None) -> FailoverLog:
+        """The vbucket's current failover log from its active node (GET_FAILOVER_LOG)."""
+        for _ in range(3):
+            connection = self._connection_for(vbucket, timeout)
+            reply = connection.call(GetFailoverLog(vbucket), timeout)
+            if reply.status == Status.NOT_MY_VBUCKET:
+                self._refresh_map_now(connection, reply, timeout)
+                continue
+            if reply.status != Status.SUCCESS:
+                raise ProtocolError(
+                    f"vbucket {vbucket}: GET_FAILOVER_LOG failed on {connection.address}: "
+                    f"{reply.status_name}",
+                    opcode=Opcode.DCP_GET_FAILOVER_LOG,
+                )
+            return failover_log_of(reply)
+        raise ProtocolError(
+            f"vbucket {vbucket}: nodes keep answering NOT_MY_VBUCKET",
+            opcode=Opcode.DCP_GET_FAILOVER_LOG,
+        )
+
+    def high_seqnos(self, *, timeout: float | None = None) -> dict[int, int]:
+        """Every active vbucket's high seqno (GET_ALL_VB_SEQNOS on each node)."""
+        cluster_map = self.cluster_map
+        seqnos: dict[int, int] = {}
+        for node in cluster_map.nodes:
+            owned = set(cluster_map.vbuckets_of(node))
+            if not owned:
+                continue
+            connection = self._connection_to(node, timeout)
+            reply = connection.call(GetAllVbSeqnos(VbucketState.ACTIVE), timeout)
+            for record in vbucket_seqnos_of(reply):
+                if record.vbucket in owned:
+                    seqnos[record.vbucket] = record.seqno
+        return seqnos
+
+    def collections_manifest(self, *, timeout: float | None = None) -> dict[str, object]:
+        """The bucket's collections manifest JSON (GET_COLLECTIONS_MANIFEST)."""
+        connection = self._any_connection(timeout)
+        if not connection.collections:
+            raise ConfigError(
+                f"{connection.address} did not negotiate collections: no manifest to fetch"
+            )
+        reply = connection.call(GetCollectionsManifest(), timeout)
+        if reply.status != Status.SUCCESS:
+            raise ProtocolError(
+                f"GET_COLLECTIONS_MANIFEST failed on {connection.address}: {reply.status_name}",
+                opcode=Opcode.GET_COLLECTIONS_MANIFEST,
+            )
+        try:
+            manifest = json.loads(response_value(reply))
+        except ValueError as exc:
+            raise ProtocolError(
+                f"collections manifest is not JSON: {exc}", opcode=Opcode.GET_COLLECTIONS_MANIFEST
+            ) from None
+        if not isinstance(manifest, dict):
+            raise ProtocolError(
+                "collections manifest is not a JSON object", opcode=Opcode.GET_COLLECTIONS_MANIFEST
+            )
+        return manifest
+
+    def close(self) -> None:
+        """Close every connection and stop reconnecting. Idempotent."""
+        with self._cond:
+            self._closed = True
+            self._stop.set()
+            connections = list(self._by_id.values())
+            connectors = list(self._connecting.values())
+            self._connections.clear()
+            self._by_id.clear()
+            self._cond.notify_all()
+        for connection in connections:
+            connection.close()
+        for thread in connectors:
+            if thread is not threading.current_thread():
+                thread.join(self._options.connection.connect_timeout + 1.0)
+
+    def __enter__(self) -> DcpClient:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # --- bootstrap and connections -------------------------------------------------------
+
+    def _bootstrap(self) -> None:
+        failures: list[str] = []
+        for seed in self._connstr.seeds:
+            connection = self._new_connection(seed.host, seed.port)
+            try:
+                connection.open()
+            except PERMANENT_ERRORS:
+                raise
+            except ReplicatorError as exc:
+                failures.append(str(exc))
+                log.warning("bootstrap: %s", exc)
+                continue
+            try:
+                cluster_map = parse_cluster_map(connection.cluster_config, connected_host=seed.host)
+            except BaseException:
+                connection.close()
+                raise
+            self._map = cluster_map
+            node = cluster_map.node_for(seed.host, seed.port)
+            if node is None:
+                connection.close()
+            else:
+                self._register(node, connection)
+            break
+        else:
+            addresses = ",".join(seed.address for seed in self._connstr.seeds)
+            raise NodeUnreachableError(
+                addresses, "no seed node completed the handshake: " + "; ".join(failures)
+            )
+        for node in cluster_map.nodes:
+            if node in self._connections or not cluster_map.vbuckets_of(node):
+                continue
+            connection = self._new_connection(node.host, node.port(tls=self._connstr.tls))
+            try:
+                connection.open()
+            except PERMANENT_ERRORS:
+                raise
+            except ReplicatorError as exc:
+                log.warning("bootstrap: %s; retrying in the background", exc)
+                with self._lock:
+                    self._ensure_connecting(node)
+                continue
+            self._register(node, connection)
+
+    def _new_connection(self, host: str, port: int) -> NodeConnection:
+        return NodeConnection(
+            host,
+            port,
+            bucket=self._connstr.bucket,
+            credentials=self._credentials,
+            tls=self._connstr.tls,
+            options=self._options.connection,
+            listener=self,
+        )
+
+    def _register(self, node: KvNode, connection: NodeConnection) -> None:
+        with self._cond:
+            if self._closed:
+                connection.close()
+                return
+            self._connections[node] = connection
+            self._by_id[connection.connection_id] = connection
+            self._node_of[connection.connection_id] = node
+            self._cond.notify_all()
+
+    def _ensure_connecting(self, node: KvNode) -> None:
+        """Start a reconnect thread for `node` unless connected or connecting (lock held)."""
+        if self._closed or node in self._connecting:
+            return
+        existing = self._connections.get(node)
+        if existing is not None and existing.is_open:
+            return
+        thread = threading.Thread(
+            target=self._reconnect, args=(node,), name=f"dcp-connect-{node}", daemon=True
+        )
+        self._connecting[node] = thread
+        thread.start()
+
+    def _reconnect(self, node: KvNode) -> None:
+        backoff = self._options.reconnect
+        started = time.monotonic()
+        failures = 0
+        try:
+            while not self._stop.is_set():
+                with self._lock:
+                    if self._map is not None and node not in self._map.nodes:
+                        log.info("%s left the cluster map; not reconnecting", node)
+                        return
+                connection = self._new_connection(node.host, node.port(tls=self._connstr.tls))
+                try:
+                    connection.open()
+                except PERMANENT_ERRORS as exc:
+                    self._set_fatal(exc)
+                    return
+                except ReplicatorError as exc:
+                    failures += 1
+                    if time.monotonic() - started > backoff.deadline:
+                        self._set_fatal(
+                            ConnectionLostError(
+                                str(node),
+                                f"could not reconnect within {backoff.deadline:g} s: {exc}",
+                            )
+                        )
+                        return
+                    log.warning("reconnect to %s failed (attempt %d): %s", node, failures, exc)
+                    self._refresh_map_async()
+                    self._stop.wait(backoff.delay(failures))
+                    continue
+                if self._stop.is_set():
+                    connection.close()
+                    return
+                log.info("reconnected to %s", node)
+                self._register(node, connection)
+                self._adopt_config(connection.cluster_config, connection.host)
+                return
+        finally:
+            with self._cond:
+                self._connecting.pop(node, None)
+                self._cond.notify_all()
+
+    def _set_fatal(self, error: ReplicatorError) -> None:
+        log.error("DCP client failed: %s", error)
+        with self._cond:
+            if self._fatal is None:
+                self._fatal = error
+            self._cond.notify_all()
+
+    def _connection_for(self, vbucket: int, timeout: float | None) -> NodeConnection:
+        wait = self._options.connection.request_timeout if timeout is None else timeout
+        deadline = time.monotonic() + wait
+        with self._cond:
+            while True:
+                self._check_open()
+                assert self._map is not None
+                node = self._map.active_node(vbucket)
+                if node is not None:
+                    connection = self._connections.get(node)
+                    if connection is not None and connection.is_open:
+                        return connection
+                    self._ensure_connecting(node)
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    where = "no active node" if node is None else f"no connection to {node}"
+                    raise ConnectionLostError(
+                        str(node or self.bucket), f"vbucket {vbucket}: {where} after {wait:g} s"
+                    )
+                self._cond.wait(remaining)
+
+    def _connection_to(self, node: KvNode, timeout: float | None) -> NodeConnection:
+        wait = self._options.connection.request_timeout if timeout is None else timeout
+        deadline = time.monotonic() + wait
+        with self._cond:
+            while True:
+                self._check_open()
+                connection = self._connections.get(node)
+                if connection is not None and connection.is_open:
+                    return connection
+                self._ensure_connecting(node)
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise ConnectionLostError(str(node), f"no connection after {wait:g} s")
+                self._cond.wait(remaining)
+
+    def _any_connection(self, timeout: float | None) -> NodeConnection:
+        wait = self._options.connection.request_timeout if timeout is None else timeout
+        deadline = time.monotonic() + wait
+        with self._cond:
+            while True:
+                self._check_open()
+                for connection in self._connections.values():
+                    if connection.is_open:
+                        return connection
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise ConnectionLostError(self.bucket, f"no live connection after {wait:g} s")
+                self._cond.wait(remaining)
+
+    def _check_open(self) -> None:
+        if self._fatal is not None:
+            raise self._fatal
+        if self._closed:
+            raise ConfigError("the client is closed")
+
+    # --- cluster map ---------------------------------------------------------------------
+
+    def _adopt_config(self, raw: bytes, connected_host: str) -> None:
+        try:
+            candidate = parse_cluster_map(raw, connected_host=connected_host)
+        except ReplicatorError as exc:
+            log.warning("ignoring a cluster map that does not parse: %s", exc)
+            return
+        with self._cond:
+            if not candidate.is_newer_than(self._map):
+                return
+            log.info(
+                "cluster map rev %s replaces %s",
+                candidate.version,
+                None if self._map is None else self._map.version,
+            )
+            self._map = candidate
+            self._cond.notify_all()
+
+    def _refresh_map_async(self, via: NodeConnection | None = None) -> None:
+        """Ask a node (any live one by default) for its cluster map; adopt it if newer."""
+        with self._lock:
+            candidates = [via] if via is not None and via.is_open else []
+            candidates += [c for c in self._connections.values() if c.is_open]
+        for connection in candidates:
+            try:
+                connection.request(
+                    GetClusterConfig(), on_response=partial(self._on_config_reply, connection)
+                )
+                return
+            except ConnectionLostError:
+                continue
+
+    def _refresh_map_now(
+        self, connection: NodeConnection, reply: Response, timeout: float | None
+    ) -> None:
+        config = response_value(reply) if reply.status == Status.NOT_MY_VBUCKET else b""
+        if not config:
+            fetched = connection.call(GetClusterConfig(), timeout)
+            if fetched.status != Status.SUCCESS:
+                return
+            config = response_value(fetched)
+        self._adopt_config(config, connection.host)
+
+    def _on_config_reply(self, connection: NodeConnection, reply: Response) -> None:
+        if reply.status == Status.SUCCESS:
+            self._adopt_config(response_value(reply), connection.host)
+
+    # --- stream requests -----------------------------------------------------------------
+
+    def _service(self) -> None:
+        """Send the stream requests that are due. Never called with the lock held."""
+        now = time.monotonic()
+        due: list[tuple[VbucketStream, NodeConnection]] = []
+        with self._lock:
+            if self._closed or self._map is None:
+                return
+            for stream in list(self._streams.values()):
+                if not stream.ready_to_send(now):
+                    continue
+                if stream.position is None and self._committed_position is None:
+                    self._finish(stream)  # nowhere to resume from
+                    continue
+                node = self._map.active_node(stream.vbucket)
+                if node is None:
+                    self._retry_later(stream, now, "no active copy in the cluster map")
+                    self._refresh_map_async()
+                    continue
+                connection = self._connections.get(node)
+                if connection is None or not connection.is_open:
+                    self._ensure_connecting(node)
+                    continue
+                due.append((stream, connection))
+        for stream, connection in due:
+            self._send_stream_request(stream, connection)
+
+    def _send_stream_request(self, stream: VbucketStream, connection: NodeConnection) -> None:
+        vbucket = stream.vbucket
+        position, failover_log = stream.position, stream.failover_log
+        if position is None:
+            assert self._committed_position is not None
+            try:
+                position, failover_log = self._committed_position(vbucket)
+            except Exception as exc:  # the layer above's callback: surface its failure
+                with self._lock:
+                    if self._streams.get(vbucket) is stream:
+                        self._finish(stream)
+                    self._errors.append(exc)
+                return
+        try:
+            if position.vbucket != vbucket:
+                raise ConfigError(
+                    f"committed_position({vbucket}) returned vbucket {position.vbucket}"
+                )
+            request = plan_stream_request(
+                position,
+                failover_log,
+                end_seqno=stream.end_seqno,
+                send_purge_seqno=connection.purge_seqno_supported,
+                opaque=next_opaque(),
+            )
+        except ConfigError as exc:
+            with self._lock:
+                if self._streams.get(vbucket) is stream:
+                    self._finish(stream)
+                self._errors.append(exc)
+            return
+        with self._lock:
+            if self._streams.get(vbucket) is not stream or not stream.ready_to_send(
+                time.monotonic()
+            ):
+                return  # closed or changed meanwhile
+            stream.position, stream.failover_log = position, failover_log
+            stream.requested(request, request.opaque, connection.connection_id)
+            try:
+                connection.request(
+                    request,
+                    on_response=partial(
+                        self._on_stream_response, vbucket, request.opaque, connection
+                    ),
+                )
+            except ConnectionLostError:
+                stream.pending()
+                return
+        log.debug("vbucket %d: stream requested from %s: %s", vbucket, connection.address, request)
+
+    def _on_stream_response(
+        self, vbucket: int, opaque: int, connection: NodeConnection, reply: Response
+    ) -> None:
+        outcome = read_stream_response(reply)
+        now = time.monotonic()
+        with self._cond:
+            stream = self._streams.get(vbucket)
+            if (
+                stream is None
+                or stream.opaque != opaque
+                or stream.state is not StreamState.REQUESTED
+            ):
+                if outcome.kind is OutcomeKind.OPENED:
+                    self._request_quietly(connection, CloseStream(vbucket))
+                return
+            kind = outcome.kind
+            if stream.close_wanted and kind is not OutcomeKind.OPENED:
+                self._finish(stream)  # closed before it opened: nothing to retry or report
+            elif kind is OutcomeKind.OPENED:
+                assert outcome.failover_log is not None
+                stream.opened()
+                self._enqueue(StreamOpened(vbucket, outcome.failover_log), connection, 0)
+                if stream.close_wanted:
+                    self._send_close(stream)
+            elif kind is OutcomeKind.ROLLBACK:
+                assert outcome.rollback_seqno is not None
+                log.info(
+                    "vbucket %d: producer asks to roll back to seqno %d",
+                    vbucket,
+                    outcome.rollback_seqno,
+                )
+                self._finish(stream)
+                self._enqueue(RollbackRequired(vbucket, outcome.rollback_seqno), connection, 0)
+            elif kind is OutcomeKind.OUT_OF_RANGE:
+                # Stays REQUESTED while we learn the producer's high seqno.
+                self._request_quietly(
+                    connection,
+                    GetAllVbSeqnos(VbucketState.ACTIVE),
+                    partial(self._on_out_of_range, vbucket, opaque, connection),
+                )
+            elif kind is OutcomeKind.RETRY_LATER:
+                self._retry_later(stream, now, f"producer busy ({reply.status_name})")
+            elif kind is OutcomeKind.ALREADY_EXISTS:
+                # Close the producer's stale stream, then ask again (stays REQUESTED meanwhile).
+                self._request_quietly(
+                    connection,
+                    CloseStream(vbucket),
+                    partial(self._after_stale_close, vbucket, opaque),
+                )
+            elif kind is OutcomeKind.NOT_MY_VBUCKET:
+                if outcome.cluster_config:
+                    self._adopt_config(outcome.cluster_config, connection.host)
+                else:
+                    self._refresh_map_async(connection)
+                self._retry_later(stream, now, f"{connection.address} is not its active node")
+            else:
+                self._finish(stream)
+                self._errors.append(
+                    ProtocolError(
+                        f"vbucket {vbucket}: {connection.address} refused the stream request: "
+                        f"{reply.status_name}",
+                        opcode=Opcode.DCP_STREAM_REQ,
+                    )
+                )
+            self._cond.notify_all()
+
+    def _on_out_of_range(
+        self, vbucket: int, opaque: int, connection: NodeConnection, reply: Response
+    ) -> None:
+        with self._cond:
+            stream = self._streams.get(vbucket)
+            if stream is None or stream.opaque != opaque or stream.request is None:
+                return
+            request = stream.request
+            if stream.close_wanted:
+                self._finish(stream)
+                return
+            high = None
+            if reply.status == Status.SUCCESS:
+                high = {r.vbucket: r.seqno for r in vbucket_seqnos_of(reply)}.get(vbucket)
+            if high is None:
+                self._refresh_map_async(connection)
+                self._retry_later(stream, time.monotonic(), "ERANGE and no high seqno known")
+            elif request.start_seqno > high:
+                log.warning(
+                    "vbucket %d: resume seqno %d is beyond the producer's high seqno %d: the "
+                    "producer lost data the mirror has (failover without a new history?); "
+                    "asking the layer above to roll back to %d",
+                    vbucket,
+                    request.start_seqno,
+                    high,
+                    high,
+                )
+                self._finish(stream)
+                self._enqueue(RollbackRequired(vbucket, high), connection, 0)
+            else:
+                self._finish(stream)
+                self._errors.append(
+                    ProtocolError(
+                        f"vbucket {vbucket}: {connection.address} refused the stream request as "
+                        f"out of range (ERANGE): start {request.start_seqno}, snapshot "
+                        f"[{request.snapshot_start}, {request.snapshot_end}], end "
+                        f"{request.end_seqno}, producer high seqno {high}",
+                        opcode=Opcode.DCP_STREAM_REQ,
+                    )
+                )
+            self._cond.notify_all()
+
+    def _after_stale_close(self, vbucket: int, opaque: int, reply: Response) -> None:
+        with self._cond:
+            stream = self._streams.get(vbucket)
+            if stream is None or stream.opaque != opaque:
+                return
+            self._retry_later(stream, time.monotonic(), "a stream already existed")
+            self._cond.notify_all()
+
+    def _retry_later(self, stream: VbucketStream, now: float, why: str) -> None:
+        if stream.close_wanted:
+            self._finish(stream)
+            return
+        at = stream.failed_attempt(now, self._options.stream_retry)
+        if at is None:
+            self._finish(stream)
+            self._errors.append(
+                ConnectionLostError(
+                    self.bucket,
+                    f"vbucket {stream.vbucket}: stream request kept failing for "
+                    f"{self._options.stream_retry.deadline:g} s: {why}",
+                )
+            )
+            return
+        log.info("vbucket %d: stream request retried in %.2f s: %s", stream.vbucket, at - now, why)
+        stream.pending(not_before=at)
+
+    def _send_close(self, stream: VbucketStream) -> None:
+        connection = self._by_id.get(stream.connection_id or -1)
+        stream.closing()
+        if connection is None:
+            return
+        self._request_quietly(
+            connection,
+            CloseStream(stream.vbucket),
+            partial(self._on_close_reply, stream.vbucket, stream.opaque, connection),
+        )
+
+    def _on_close_reply(
+        self, vbucket: int, opaque: int | None, connection: NodeConnection, reply: Response
+    ) -> None:
+        with self._cond:
+            stream = self._streams.get(vbucket)
+            if stream is None or stream.opaque != opaque or stream.state is not StreamState.CLOSING:
+                return
+            if reply.status != Status.SUCCESS or not connection.stream_end_on_close:
+                # No STREAM_END will come (old producer, or the stream was already gone).
+                self._finish(stream)
+                self._enqueue(StreamEnd(vbucket, StreamEndReason.CLOSED), connection, 0)
+                self._cond.notify_all()
+
+    def _request_quietly(
+        self,
+        connection: NodeConnection,
+        request: CloseStream | GetAllVbSeqnos,
+        on_response: partial[None] | None = None,
+    ) -> None:
+        # On a lost connection, on_connection_lost takes care of the streams.
+        with contextlib.suppress(ConnectionLostError):
+            connection.request(request, on_response=on_response)
+
+    def _finish(self, stream: VbucketStream) -> None:
+        stream.closed()
+        if self._streams.get(stream.vbucket) is stream:
+            del self._streams[stream.vbucket]
+
+    # --- events --------------------------------------------------------------------------
+
+    def _enqueue(
+        self,
+        event: StreamEvent,
+        connection: NodeConnection,
+        size: int,
+        *,
+        releases_stream: bool = False,
+    ) -> None:
+        self._queue.append(_Queued(event, connection.connection_id, size, releases_stream))
+
+    def _take_batch(self, limit: int) -> EventBatch:
+        events: list[StreamEvent] = []
+        counts: dict[int, int] = collections.defaultdict(int)
+        while self._queue and len(events) < limit:
+            queued = self._queue.popleft()
+            events.append(queued.event)
+            if queued.size:
+                counts[queued.connection_id] += queued.size
+            if queued.releases_stream:
+                stream = self._streams.get(queued.event.vbucket)
+                if stream is not None and stream.state is StreamState.PENDING:
+                    stream.awaiting_delivery = False
+        return EventBatch(tuple(events), AckReceipt(counts))
+
+    # --- ConnectionListener (called on connection I/O threads) ---------------------------
+
+    def on_message(
+        self, connection: NodeConnection, frame: Frame, message: ProducerMessage
+    ) -> None:
+        """Queue a stream's message; drop (and acknowledge) one of no current stream."""
+        dropped = True
+        if not isinstance(message, SetVbucketState | DcpNoop):
+            with self._cond:
+                stream = self._streams.get(message.vbucket)
+                if stream is not None and stream.accepts(frame.opaque, connection.connection_id):
+                    dropped = False
+                    if isinstance(message, StreamEnd):
+                        self._on_stream_end(stream, message, connection, frame.size)
+                    else:
+                        self._enqueue(message, connection, frame.size)
+                    self._cond.notify_all()
+        if dropped:
+            log.debug(
+                "dropped %s of no current stream (opaque %d)", type(message).__name__, frame.opaque
+            )
+            connection.acknowledge(frame.size)
+
+    def _on_stream_end(
+        self, stream: VbucketStream, end: StreamEnd, connection: NodeConnection, size: int
+    ) -> None:
+        action = stream_end_action(end.reason)
+        if (
+            stream.state is StreamState.CLOSING
+            or action is EndAction.FINAL
+            or self._committed_position is None
+        ):
+            self._finish(stream)
+            self._enqueue(end, connection, size)
+            return
+        log.info(
+            "vbucket %d: stream ended (%s); reopening from the committed position",
+            stream.vbucket,
+            end.reason.name,
+        )
+        stream.pending(awaiting_delivery=True)
+        stream.position = None
+        stream.failover_log = None
+        if action is EndAction.REFRESH_MAP_AND_REOPEN:
+            self._refresh_map_async(connection)
+        self._enqueue(end, connection, size, releases_stream=True)
+
+    def on_cluster_map_notification(
+        self, connection: NodeConnection, notification: ClustermapChangeNotification
+    ) -> None:
+        """Adopt a pushed map, or fetch it when the push carried only its revision."""
+        if notification.config:
+            self._adopt_config(notification.config, connection.host)
+            return
+        with self._lock:
+            current = (0, 0) if self._map is None else self._map.version
+        if (notification.epoch or 0, notification.revision) > current:
+            self._refresh_map_async(connection)
+
+    def on_connection_lost(self, connection: NodeConnection, error: ReplicatorError) -> None:
+        """End the connection's streams (StreamEnd DISCONNECTED handed up) and reconnect."""
+        with self._cond:
+            if self._closed:
+                return
+            self._last_connection_error = error
+            node = self._node_of.pop(connection.connection_id, None)
+            self._by_id.pop(connection.connection_id, None)
+            if node is not None and self._connections.get(node) is connection:
+                del self._connections[node]
+            for stream in list(self._streams.values()):
+                if stream.connection_id != connection.connection_id:
+                    continue
+                if stream.state is StreamState.REQUESTED:
+                    stream.pending()  # nothing was handed up: retry with the same position
+                elif stream.state is StreamState.CLOSING or self._committed_position is None:
+                    reason = (
+                        StreamEndReason.CLOSED
+                        if stream.state is StreamState.CLOSING
+                        else StreamEndReason.DISCONNECTED
+                    )
+                    self._finish(stream)
+                    self._enqueue(StreamEnd(stream.vbucket, reason), connection, 0)
+                else:
+                    stream.pending(awaiting_delivery=True)
+                    stream.position = None
+                    stream.failover_log = None
+                    self._enqueue(
+                        StreamEnd(stream.vbucket, StreamEndReason.DISCONNECTED),
+                        connection,
+                        0,
+                        releases_stream=True,
+                    )
+            if node is not None and self._map is not None and node in self._map.nodes:
+                self._ensure_connecting(node)
+            self._cond.notify_all()
