@@ -1,0 +1,741 @@
+"""A simulated node's answers to client requests: one connection's protocol state machine.
+
+`CommandProcessor` holds what a connection negotiated (HELLO features, the authenticated user,
+the selected bucket, DCP_OPEN flags and controls, open streams) and answers each request as
+kv_engine does: bootstrap commands (HELLO, SASL, SELECT_BUCKET, GET_CLUSTER_CONFIG,
+GET_ERROR_MAP, VERSION ...), then DCP_OPEN, DCP_CONTROL, STREAM_REQ with its rollback decision,
+CLOSE_STREAM, BUFFER_ACK. It writes replies through `ConnectionHooks`; moving bytes, flow
+control and noops are the session's (replicator.sim.server).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import struct
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from replicator.dcp.codec import (
+    BufferAck,
+    CloseStream,
+    DcpControl,
+    DcpOpen,
+    GetAllVbSeqnos,
+    GetFailoverLog,
+    Hello,
+    Response,
+    SaslAuth,
+    SaslStep,
+    SelectBucket,
+    StreamRequest,
+    VbucketSeqno,
+    decode_request,
+    encode_failover_log,
+    encode_hello_features,
+    encode_response,
+    encode_rollback_seqno,
+    encode_vbucket_seqnos,
+)
+from replicator.dcp.events import StreamEndReason, SystemEvent
+from replicator.dcp.frame import Frame
+from replicator.dcp.opcodes import (
+    Datatype,
+    DcpOpenFlags,
+    HelloFeature,
+    Opcode,
+    Status,
+    StreamRequestFlags,
+    VbucketState,
+)
+from replicator.errors import ProtocolError
+from replicator.sim.bucket import SimBucket
+from replicator.sim.dcp_controls import ConnectionTraits, ProducerSettings, apply_control
+from replicator.sim.error_map import error_map_json
+from replicator.sim.failover_table import StreamAccepted, StreamRollback
+from replicator.sim.failover_table import StreamRequest as RollbackQuery
+from replicator.sim.node_context import ClusterContext
+from replicator.sim.producer_stream import ProducerStream, StreamEncoding, StreamFilter
+from replicator.sim.sasl_server import MECHANISMS, SaslExchange, SaslReply
+
+log = logging.getLogger(__name__)
+
+VERSION_OPCODE = 0x0B
+OBSERVE_SEQNO_OPCODE = 0x91
+NO_BUCKET_NAME = "@no bucket@"
+
+SUPPORTED_FEATURES = frozenset(
+    {
+        HelloFeature.TCP_NODELAY,
+        HelloFeature.MUTATION_SEQNO,
+        HelloFeature.XATTR,
+        HelloFeature.XERROR,
+        HelloFeature.SELECT_BUCKET,
+        HelloFeature.SNAPPY,
+        HelloFeature.JSON,
+        HelloFeature.DUPLEX,
+        HelloFeature.CLUSTERMAP_CHANGE_NOTIFICATION,
+        HelloFeature.UNORDERED_EXECUTION,
+        HelloFeature.ALT_REQUEST_SUPPORT,
+        HelloFeature.COLLECTIONS,
+    }
+)
+"""HELLO features a simulated node agrees to; others are left out of the reply."""
+
+_BEFORE_AUTH = frozenset(
+    {
+        int(Opcode.HELLO),
+        int(Opcode.SASL_LIST_MECHS),
+        int(Opcode.SASL_AUTH),
+        int(Opcode.SASL_STEP),
+        int(Opcode.NOOP),
+        int(Opcode.GET_ERROR_MAP),
+        VERSION_OPCODE,
+    }
+)
+"""Commands an unauthenticated connection may send; others answer EACCESS."""
+
+_PRODUCER_ONLY_OPCODES = frozenset(
+    {
+        int(Opcode.DCP_ADD_STREAM),
+        int(Opcode.DCP_STREAM_END),
+        int(Opcode.DCP_SNAPSHOT_MARKER),
+        int(Opcode.DCP_MUTATION),
+        int(Opcode.DCP_DELETION),
+        int(Opcode.DCP_EXPIRATION),
+        int(Opcode.DCP_FLUSH),
+        int(Opcode.DCP_SET_VBUCKET_STATE),
+        int(Opcode.DCP_NOOP),
+        int(Opcode.DCP_SYSTEM_EVENT),
+        int(Opcode.DCP_PREPARE),
+        int(Opcode.DCP_SEQNO_ACKNOWLEDGED),
+        int(Opcode.DCP_COMMIT),
+        int(Opcode.DCP_ABORT),
+        int(Opcode.DCP_SEQNO_ADVANCED),
+        int(Opcode.DCP_OSO_SNAPSHOT),
+    }
+)
+"""Messages only a producer (or a consumer endpoint) takes; a producer answers EINVAL."""
+
+_U16 = struct.Struct(">H")
+_U64 = struct.Struct(">Q")
+_EPOCH_REVISION = struct.Struct(">qq")
+_OBSERVE_SEQNO_V0 = struct.Struct(">BHQQQ")
+_OBSERVE_SEQNO_V1 = struct.Struct(">BHQQQQQ")
+_JSON = int(Datatype.JSON)
+_UNDERLYING_DATATYPE = DcpOpenFlags.NO_VALUE_WITH_UNDERLYING_DATATYPE
+
+
+@dataclass(slots=True)
+class DcpState:
+    """What DCP_OPEN and DCP_CONTROL set on a connection, and its open streams.
+
+    `ready` lists, round-robin, the vbuckets whose streams may have something to send.
+    """
+
+    name: str
+    flags: DcpOpenFlags
+    settings: ProducerSettings = field(default_factory=ProducerSettings)
+    streams: dict[int, ProducerStream] = field(default_factory=dict)
+    ready: deque[int] = field(default_factory=deque)
+    ready_set: set[int] = field(default_factory=set)
+    unacked_bytes: int = 0
+    any_stream_opened: bool = False
+
+    def mark_ready(self, vbucket: int) -> None:
+        """Queue the vbucket's stream for the next turn of serving (once)."""
+        if vbucket not in self.ready_set:
+            self.ready_set.add(vbucket)
+            self.ready.append(vbucket)
+
+
+class ConnectionHooks(Protocol):
+    """What the processor needs from the connection that owns it."""
+
+    def queue(self, data: bytes) -> None:
+        """Send `data` after everything queued before it."""
+        ...
+
+    def claim_dcp_name(self, name: str) -> None:
+        """Take the DCP connection name; an older connection with it is closed."""
+        ...
+
+    def streams_changed(self) -> None:
+        """The set of open streams changed."""
+        ...
+
+
+class CommandProcessor:
+    """One connection's negotiated state and its answer to every request.
+
+    Not thread-safe: the connection's loop owns it.
+    """
+
+    def __init__(self, cluster: ClusterContext, node: int, hooks: ConnectionHooks) -> None:
+        self._cluster = cluster
+        self._options = cluster.options
+        self._node = node
+        self._hooks = hooks
+        self._sasl = SaslExchange(cluster.credentials)
+        self._agent = ""
+        self.features: frozenset[int] = frozenset()
+        self.user: str | None = None
+        self.bucket_selected = False
+        self.dcp: DcpState | None = None
+
+    def handle(self, frame: Frame) -> None:
+        """Answer one request (magic 0x80 or 0x08) in order, as kv_engine would."""
+        opcode = frame.opcode
+        handler = self._handlers.get(opcode)
+        if handler is None and opcode not in _PRODUCER_ONLY_OPCODES:
+            self._respond(frame, Status.UNKNOWN_COMMAND)
+            return
+        if self.user is None and opcode not in _BEFORE_AUTH:
+            self._respond(frame, Status.EACCESS, context="Not authenticated")
+            return
+        if handler is None:
+            self._respond(frame, Status.EINVAL, context="Not a command a producer takes")
+            return
+        try:
+            handler(self, frame)
+        except ProtocolError as exc:
+            self._respond(frame, Status.EINVAL, context=str(exc))
+        except Exception:
+            # A bug here must not take the connection down silently: say so, as kv_engine does.
+            log.exception("request 0x%02x failed", opcode)
+            self._respond(frame, Status.EINTERNAL, context="Internal error")
+
+    def _respond(
+        self,
+        frame: Frame,
+        status: int = Status.SUCCESS,
+        value: bytes = b"",
+        *,
+        datatype: int = 0,
+        extras: bytes = b"",
+        context: str | None = None,
+    ) -> None:
+        xerror = HelloFeature.XERROR in self.features
+        if context is not None and status != Status.SUCCESS and xerror:
+            value = json.dumps({"error": {"context": context}}).encode()
+            datatype = _JSON if HelloFeature.JSON in self.features else 0
+        self._hooks.queue(
+            encode_response(
+                Response(
+                    frame.opcode,
+                    status,
+                    frame.opaque,
+                    value=value,
+                    extras=extras,
+                    datatype=datatype,
+                )
+            )
+        )
+
+    def _json_datatype(self) -> int:
+        return _JSON if HelloFeature.JSON in self.features else 0
+
+    def _on_hello(self, frame: Frame) -> None:
+        hello = decode_request(frame)
+        assert isinstance(hello, Hello)
+        agreed: list[int] = []
+        for feature in hello.features:
+            if feature in SUPPORTED_FEATURES and feature not in agreed:
+                agreed.append(feature)
+        if (
+            HelloFeature.CLUSTERMAP_CHANGE_NOTIFICATION in agreed
+            and HelloFeature.DUPLEX not in agreed
+        ):
+            agreed.remove(HelloFeature.CLUSTERMAP_CHANGE_NOTIFICATION)  # needs duplex
+        self.features = frozenset(agreed)
+        self._agent = hello.agent[:200]
+        self._respond(frame, value=encode_hello_features(agreed))
+
+    def _on_version(self, frame: Frame) -> None:
+        self._respond(frame, value=self._options.server_version.encode())
+
+    def _on_noop(self, frame: Frame) -> None:
+        self._respond(frame)
+
+    def _on_error_map(self, frame: Frame) -> None:
+        if len(frame.value) != 2 or frame.extras or frame.key:
+            self._respond(frame, Status.EINVAL, context="Expected a 2-byte version")
+            return
+        (version,) = _U16.unpack(frame.value)
+        try:
+            document = error_map_json(version)
+        except ValueError as exc:
+            self._respond(frame, Status.EINVAL, context=str(exc))
+            return
+        self._respond(frame, value=document, datatype=self._json_datatype())
+
+    def _on_list_mechs(self, frame: Frame) -> None:
+        self._respond(frame, value=" ".join(MECHANISMS).encode())
+
+    def _on_sasl_auth(self, frame: Frame) -> None:
+        request = decode_request(frame)
+        assert isinstance(request, SaslAuth)
+        self._sasl_reply(frame, self._sasl.start(request.mechanism, request.payload))
+
+    def _on_sasl_step(self, frame: Frame) -> None:
+        request = decode_request(frame)
+        assert isinstance(request, SaslStep)
+        self._sasl_reply(frame, self._sasl.step(request.mechanism, request.payload))
+
+    def _sasl_reply(self, frame: Frame, reply: SaslReply) -> None:
+        if reply.username is not None:
+            self.user = reply.username
+        elif reply.status == Status.AUTH_ERROR:
+            self.user = None
+            self.bucket_selected = False
+        context = "Authentication failed" if reply.status == Status.AUTH_ERROR else None
+        self._respond(frame, reply.status, reply.payload, context=context)
+
+    def _on_select_bucket(self, frame: Frame) -> None:
+        request = decode_request(frame)
+        assert isinstance(request, SelectBucket)
+        if request.bucket == NO_BUCKET_NAME:
+            self.bucket_selected = False
+            self._respond(frame)
+        elif request.bucket == self._cluster.bucket.name:
+            self.bucket_selected = True
+            self._respond(frame)
+        else:
+            # An unknown bucket and a bucket the user may not use look the same, on purpose.
+            self._respond(frame, Status.EACCESS, context="No access to bucket")
+
+    def _need_bucket(self, frame: Frame) -> bool:
+        if not self.bucket_selected:
+            self._respond(frame, Status.NO_BUCKET, context="No bucket selected")
+            return False
+        return True
+
+    def _on_cluster_config(self, frame: Frame) -> None:
+        if not self._need_bucket(frame):
+            return
+        if frame.key or frame.value or len(frame.extras) not in (0, _EPOCH_REVISION.size):
+            self._respond(frame, Status.EINVAL, context="Expected no key or value")
+            return
+        epoch, revision = self._cluster.config_revision()
+        if frame.extras:
+            known = _EPOCH_REVISION.unpack(frame.extras)
+            if known >= (epoch, revision):
+                self._respond(frame)  # the client already has this map
+                return
+        self._respond(
+            frame,
+            value=self._cluster.config_json(self._node),
+            datatype=self._json_datatype(),
+        )
+
+    def _on_collections_manifest(self, frame: Frame) -> None:
+        if not self._need_bucket(frame):
+            return
+        self._respond(
+            frame,
+            value=self._cluster.bucket.manifest_json().encode(),
+            datatype=self._json_datatype(),
+        )
+
+    def _on_all_vb_seqnos(self, frame: Frame) -> None:
+        if not self._need_bucket(frame):
+            return
+        request = decode_request(frame)
+        assert isinstance(request, GetAllVbSeqnos)
+        state = request.vbucket_state
+        if request.collection_id is not None and HelloFeature.COLLECTIONS not in self.features:
+            self._respond(frame, Status.EINVAL, context="A collection filter needs collections")
+            return
+        # Every vbucket of this node is active; it has no replicas, pending or dead ones.
+        wanted = state is None or state in (VbucketState.ALIVE, VbucketState.ACTIVE)
+        vbuckets = self._cluster.node_vbuckets(self._node) if wanted else ()
+        bucket = self._cluster.bucket
+        records = []
+        with bucket.condition:
+            for vb in vbuckets:
+                vbucket = bucket.vbucket(vb)
+                if request.collection_id is None:
+                    seqno = vbucket.high_seqno
+                else:
+                    seqno = _collection_high_seqno(bucket, vb, request.collection_id)
+                records.append(VbucketSeqno(vb, seqno))
+        self._respond(frame, value=encode_vbucket_seqnos(records))
+
+    def _on_failover_log(self, frame: Frame) -> None:
+        if not self._need_bucket(frame):
+            return
+        request = decode_request(frame)
+        assert isinstance(request, GetFailoverLog)
+        if not self._owns(request.vbucket):
+            self._not_my_vbucket(frame)
+            return
+        log_value = encode_failover_log(self._cluster.bucket.failover_log(request.vbucket))
+        self._respond(frame, value=log_value)
+
+    def _on_observe_seqno(self, frame: Frame) -> None:
+        if not self._need_bucket(frame):
+            return
+        vb = frame.vbucket
+        if len(frame.value) != 8:
+            self._respond(frame, Status.EINVAL, context="Expected an 8-byte vbucket uuid")
+            return
+        if not self._owns(vb):
+            self._not_my_vbucket(frame)
+            return
+        (uuid,) = _U64.unpack(frame.value)
+        bucket = self._cluster.bucket
+        with bucket.condition:
+            vbucket = bucket.vbucket(vb)
+            high = vbucket.high_seqno
+            entries = vbucket.failover_log().entries
+        current = entries[0].vbucket_uuid
+        older = [i for i, entry in enumerate(entries) if entry.vbucket_uuid == uuid and i > 0]
+        if older:
+            # The client's uuid is from before a failover: say where its branch ended.
+            branch_end = entries[older[0] - 1].seqno
+            value = _OBSERVE_SEQNO_V1.pack(1, vb, current, high, high, uuid, branch_end)
+        else:
+            value = _OBSERVE_SEQNO_V0.pack(0, vb, current, high, high)
+        self._respond(frame, value=value)
+
+    def _owns(self, vbucket: int) -> bool:
+        return 0 <= vbucket < self._cluster.bucket.num_vbuckets and self._cluster.owns(
+            self._node, vbucket
+        )
+
+    def _not_my_vbucket(self, frame: Frame) -> None:
+        # kv_engine puts the current cluster map in the body so the client can re-route.
+        self._respond(
+            frame,
+            Status.NOT_MY_VBUCKET,
+            self._cluster.config_json(self._node),
+            datatype=self._json_datatype(),
+        )
+
+    def _on_dcp_open(self, frame: Frame) -> None:
+        if not self._need_bucket(frame):
+            return
+        request = decode_request(frame)
+        assert isinstance(request, DcpOpen)
+        if self.dcp is not None:
+            self._respond(frame, Status.EINVAL, context="The connection is already a DCP one")
+            return
+        flags = request.flags
+        if not flags & DcpOpenFlags.PRODUCER:
+            self._respond(frame, Status.NOT_SUPPORTED, context="Only producers are simulated")
+            return
+        if flags & DcpOpenFlags.SKIP_DELETES_IN_INITIAL_BACKFILL:
+            reason = "Skipping deletes in backfills is not simulated"
+            self._respond(frame, Status.NOT_SUPPORTED, context=reason)
+            return
+        self.dcp = DcpState(request.name, flags)
+        self._hooks.claim_dcp_name(request.name)
+        self._respond(frame)
+
+    def _need_dcp(self, frame: Frame) -> DcpState | None:
+        dcp = self.dcp
+        if dcp is None:
+            self._respond(frame, Status.EINVAL, context="Not a DCP connection (send DCP_OPEN)")
+        return dcp
+
+    def _on_dcp_control(self, frame: Frame) -> None:
+        dcp = self._need_dcp(frame)
+        if dcp is None:
+            return
+        request = decode_request(frame)
+        assert isinstance(request, DcpControl)
+        traits = ConnectionTraits(
+            collections=HelloFeature.COLLECTIONS in self.features,
+            snappy=HelloFeature.SNAPPY in self.features,
+            delete_times=bool(dcp.flags & DcpOpenFlags.INCLUDE_DELETE_TIMES),
+        )
+        outcome = apply_control(dcp.settings, traits, request.key, request.value)
+        dcp.settings = outcome.settings
+        self._respond(frame, outcome.status, context=outcome.reason or None)
+
+    def _on_buffer_ack(self, frame: Frame) -> None:
+        dcp = self.dcp
+        if dcp is None:
+            self._respond(frame, Status.EINVAL, context="Not a DCP connection")
+            return
+        request = decode_request(frame)
+        assert isinstance(request, BufferAck)
+        dcp.unacked_bytes = max(0, dcp.unacked_bytes - request.acked_bytes)
+
+    def _on_close_stream(self, frame: Frame) -> None:
+        dcp = self._need_dcp(frame)
+        if dcp is None:
+            return
+        request = decode_request(frame)
+        assert isinstance(request, CloseStream)
+        if request.stream_id is not None:
+            self._respond(frame, Status.DCP_STREAM_ID_INVALID, context="Stream ids are not enabled")
+            return
+        stream = dcp.streams.get(request.vbucket)
+        if stream is None or stream.finished:
+            self._respond(frame, Status.KEY_ENOENT, context="No stream for this vbucket")
+            return
+        self._respond(frame)
+        if dcp.settings.stream_end_on_close:
+            stream.end(StreamEndReason.CLOSED)
+            dcp.mark_ready(request.vbucket)
+        else:
+            stream.drop()
+            del dcp.streams[request.vbucket]
+            self._hooks.streams_changed()
+
+    def _on_stream_request(self, frame: Frame) -> None:
+        dcp = self._need_dcp(frame)
+        if dcp is None:
+            return
+        settings_value = frame.value
+        try:
+            request = decode_request(
+                Frame(
+                    frame.magic,
+                    frame.opcode,
+                    0,
+                    frame.vbucket_or_status,
+                    frame.opaque,
+                    frame.cas,
+                    frame.framing_extras,
+                    frame.extras,
+                    frame.key,
+                    b"",
+                )
+            )
+            options = _stream_options(settings_value)
+        except (ProtocolError, ValueError) as exc:
+            self._respond(frame, Status.EINVAL, context=str(exc))
+            return
+        assert isinstance(request, StreamRequest)
+        vb = request.vbucket
+        if options.stream_id is not None:
+            self._respond(frame, Status.DCP_STREAM_ID_INVALID, context="Stream ids are not enabled")
+            return
+        if not self._owns(vb):
+            self._not_my_vbucket(frame)
+            return
+        existing = dcp.streams.get(vb)
+        if existing is not None and not existing.finished:
+            self._respond(frame, Status.KEY_EEXISTS, context="Stream exists for this vbucket")
+            return
+        if existing is not None:
+            # The old stream's last messages (its STREAM_END) go before the new stream's.
+            for message in existing.pending:
+                self._hooks.queue(message)
+                dcp.unacked_bytes += len(message)
+            existing.pending.clear()
+            del dcp.streams[vb]
+        collections = HelloFeature.COLLECTIONS in self.features
+        stream_filter, scope_collections, problem = self._stream_filter(options, collections)
+        if problem is not None:
+            status, reason = problem
+            self._respond(frame, status, context=reason)
+            return
+        bucket = self._cluster.bucket
+        flags = request.flags
+        with bucket.condition:
+            vbucket = bucket.vbucket(vb)
+            high = vbucket.high_seqno
+            start, end = request.start_seqno, request.end_seqno
+            snap_start, snap_end = request.snapshot_start, request.snapshot_end
+            if flags & StreamRequestFlags.FROM_LATEST:
+                start = snap_start = snap_end = high
+            if flags & (StreamRequestFlags.TO_LATEST | StreamRequestFlags.DISK_ONLY):
+                end = high
+            purge_seqno = vbucket.purge_seqno
+            client_purge = options.purge_seqno
+            # A client that saw the current purge seqno (v2.2 markers) lost no deletes.
+            ignore_purged = bool(flags & StreamRequestFlags.IGNORE_PURGED_TOMBSTONES) or (
+                client_purge is not None and client_purge >= purge_seqno
+            )
+            decision = vbucket.stream_request(
+                RollbackQuery(
+                    start_seqno=start,
+                    end_seqno=end,
+                    vbucket_uuid=request.vbucket_uuid,
+                    snap_start_seqno=snap_start,
+                    snap_end_seqno=snap_end,
+                    strict_vb_uuid=bool(flags & StreamRequestFlags.STRICT_VBUUID),
+                    ignore_purged_tombstones=ignore_purged,
+                )
+            )
+            if isinstance(decision, StreamAccepted):
+                cursor = vbucket.open_cursor(start, end, snap_start_seqno=snap_start)
+        if isinstance(decision, StreamRollback):
+            self._respond(frame, Status.ROLLBACK, encode_rollback_seqno(decision.rollback_seqno))
+            return
+        if not isinstance(decision, StreamAccepted):
+            self._respond(frame, Status.ERANGE, context=decision.reason)
+            return
+        self._respond(frame, value=encode_failover_log(decision.failover_log))
+        settings = dcp.settings
+        encoding = StreamEncoding(
+            collections=collections,
+            delete_times=bool(dcp.flags & DcpOpenFlags.INCLUDE_DELETE_TIMES),
+            expiry_opcode=settings.expiry_opcode,
+            include_xattrs=bool(dcp.flags & DcpOpenFlags.INCLUDE_XATTRS),
+            no_value=bool(dcp.flags & (DcpOpenFlags.NO_VALUE | _UNDERLYING_DATATYPE)),
+            underlying_datatype=bool(dcp.flags & _UNDERLYING_DATATYPE),
+            json=HelloFeature.JSON in self.features,
+            snappy=HelloFeature.SNAPPY in self.features,
+            force_compression=settings.force_compression,
+            marker_version=settings.marker_version,
+            snappy_min_size=self._options.snappy_min_size,
+        )
+        dcp.streams[vb] = ProducerStream(
+            vb,
+            request.opaque,
+            cursor,
+            encoding,
+            stream_filter,
+            scope_collections=scope_collections,
+        )
+        dcp.any_stream_opened = True
+        self._hooks.streams_changed()
+        dcp.mark_ready(vb)
+
+    def _stream_filter(
+        self, options: _StreamOptions, collections: bool
+    ) -> tuple[StreamFilter, frozenset[int], tuple[Status, str] | None]:
+        if not collections:
+            if options.collection_ids is not None or options.scope_id is not None:
+                return (
+                    StreamFilter(legacy=True),
+                    frozenset(),
+                    (
+                        Status.EINVAL,
+                        "A collection filter needs the collections HELLO feature",
+                    ),
+                )
+            return StreamFilter(legacy=True), frozenset(), None
+        manifest = self._cluster.bucket.manifest
+        with self._cluster.bucket.condition:
+            live = {spec.collection_id: spec for spec in manifest.collections()}
+            scopes = {scope.scope_id for scope in manifest.scopes()}
+            uid = manifest.uid
+        if options.collection_ids is not None:
+            unknown = sorted(options.collection_ids - set(live))
+            if unknown:
+                return (
+                    StreamFilter(),
+                    frozenset(),
+                    (
+                        Status.UNKNOWN_COLLECTION,
+                        f"Unknown collection 0x{unknown[0]:x} (manifest uid {uid:x})",
+                    ),
+                )
+            return StreamFilter(collection_ids=options.collection_ids), frozenset(), None
+        if options.scope_id is not None:
+            if options.scope_id not in scopes:
+                return (
+                    StreamFilter(),
+                    frozenset(),
+                    (
+                        Status.UNKNOWN_SCOPE,
+                        f"Unknown scope 0x{options.scope_id:x} (manifest uid {uid:x})",
+                    ),
+                )
+            members = frozenset(
+                cid for cid, spec in live.items() if spec.scope_id == options.scope_id
+            )
+            return StreamFilter(scope_id=options.scope_id), members, None
+        return StreamFilter(), frozenset(), None
+
+    _handlers: dict[int, Callable[[CommandProcessor, Frame], None]] = {}
+
+
+CommandProcessor._handlers = {
+    int(Opcode.HELLO): CommandProcessor._on_hello,
+    VERSION_OPCODE: CommandProcessor._on_version,
+    int(Opcode.NOOP): CommandProcessor._on_noop,
+    int(Opcode.GET_ERROR_MAP): CommandProcessor._on_error_map,
+    int(Opcode.SASL_LIST_MECHS): CommandProcessor._on_list_mechs,
+    int(Opcode.SASL_AUTH): CommandProcessor._on_sasl_auth,
+    int(Opcode.SASL_STEP): CommandProcessor._on_sasl_step,
+    int(Opcode.SELECT_BUCKET): CommandProcessor._on_select_bucket,
+    int(Opcode.GET_CLUSTER_CONFIG): CommandProcessor._on_cluster_config,
+    int(Opcode.GET_COLLECTIONS_MANIFEST): CommandProcessor._on_collections_manifest,
+    int(Opcode.GET_ALL_VB_SEQNOS): CommandProcessor._on_all_vb_seqnos,
+    int(Opcode.DCP_GET_FAILOVER_LOG): CommandProcessor._on_failover_log,
+    OBSERVE_SEQNO_OPCODE: CommandProcessor._on_observe_seqno,
+    int(Opcode.DCP_OPEN): CommandProcessor._on_dcp_open,
+    int(Opcode.DCP_CONTROL): CommandProcessor._on_dcp_control,
+    int(Opcode.DCP_BUFFER_ACK): CommandProcessor._on_buffer_ack,
+    int(Opcode.DCP_CLOSE_STREAM): CommandProcessor._on_close_stream,
+    int(Opcode.DCP_STREAM_REQ): CommandProcessor._on_stream_request,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class _StreamOptions:
+    """What a stream request's JSON value asks for (keys kv_engine knows; others ignored)."""
+
+    stream_id: int | None = None
+    collection_ids: frozenset[int] | None = None
+    scope_id: int | None = None
+    purge_seqno: int | None = None
+
+
+def _stream_options(value: bytes) -> _StreamOptions:
+    """Parse the stream-request JSON value; ValueError naming what is wrong."""
+    if not value:
+        return _StreamOptions()
+    try:
+        document = json.loads(value)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise ValueError("Stream request value is not JSON") from None
+    if not isinstance(document, dict):
+        raise ValueError("Stream request value is not a JSON object")
+    if "collections" in document and "scope" in document:
+        raise ValueError("Stream request names both collections and a scope")
+    stream_id = document.get("sid")
+    if stream_id is not None and (type(stream_id) is not int or not 0 < stream_id <= 0xFFFF):
+        raise ValueError("Stream request sid is not an integer 1..65535")
+    collection_ids: frozenset[int] | None = None
+    if "collections" in document:
+        raw = document["collections"]
+        if not isinstance(raw, list) or not all(isinstance(c, str) for c in raw):
+            raise ValueError("Stream request collections is not a list of hex strings")
+        collection_ids = frozenset(_hex_id(c, "collection") for c in raw)
+    scope_id: int | None = None
+    if "scope" in document:
+        raw_scope = document["scope"]
+        if not isinstance(raw_scope, str):
+            raise ValueError("Stream request scope is not a hex string")
+        scope_id = _hex_id(raw_scope, "scope")
+    if "uid" in document and not isinstance(document["uid"], str):
+        raise ValueError("Stream request uid is not a string")
+    purge_seqno: int | None = None
+    if "purge_seqno" in document:
+        raw_purge = document["purge_seqno"]
+        if not isinstance(raw_purge, str) or not raw_purge.isascii() or not raw_purge.isdigit():
+            raise ValueError("Stream request purge_seqno is not a decimal string")
+        purge_seqno = int(raw_purge)
+    return _StreamOptions(stream_id, collection_ids, scope_id, purge_seqno)
+
+
+def _hex_id(text: str, what: str) -> int:
+    try:
+        number = int(text, 16)
+    except ValueError:
+        raise ValueError(f"Stream request {what} id {text[:20]!r} is not hex") from None
+    if not 0 <= number <= 0xFFFFFFFF:
+        raise ValueError(f"Stream request {what} id {text[:20]!r} is not a u32")
+    return number
+
+
+def _collection_high_seqno(bucket: SimBucket, vbucket: int, collection_id: int) -> int:
+    """The highest seqno of an item of `collection_id` in a vbucket (0 if none): a scan."""
+    vb = bucket.vbucket(vbucket)
+    for seqno in range(vb.high_seqno, 0, -1):
+        item = vb.item_at(seqno)
+        if isinstance(item, SystemEvent):
+            if item.collection_id == collection_id:
+                return seqno
+        elif item.collection_id == collection_id:
+            return seqno
+    return 0
