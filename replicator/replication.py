@@ -1,0 +1,403 @@
+"""The replication driver: DCP events in, Delta commits out, one vbucket's fate at a time.
+
+One thread makes every decision: it polls the DCP client, stages events (then acknowledges them
+so the producer's flow-control window reopens), plans group commits, commits them, and handles
+rollbacks. The client's own threads only read sockets. Because commits happen on this thread,
+a rollback can never race a commit: a vbucket's staged data above its rollback point is simply
+dropped before the next batch is planned.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+from replicator.dcp.events import (
+    RollbackRequired,
+    StreamEnd,
+    StreamEndReason,
+    StreamEvent,
+    StreamOpened,
+)
+from replicator.dcp.positions import FailoverLog, VbucketPosition
+from replicator.progress import ProgressReporter, ProgressSnapshot
+from replicator.snapshots.planner import CommitBatch, CommitThresholds, plan_commit
+from replicator.snapshots.staging import StreamStager
+
+if TYPE_CHECKING:
+    from replicator.dcp.client import DcpClient
+
+log = logging.getLogger(__name__)
+
+ROLLBACK_STORM_LIMIT = 5
+"""Rollbacks of one vbucket to the same seqno in a row before we resync it from 0 instead."""
+
+
+@dataclass(frozen=True, slots=True)
+class RollbackOutcome:
+    """Where the mirror's vbucket stands after the store handled a rollback request.
+
+    `full_resync`: the vbucket must be streamed again from 0 and its rows replaced in one
+    commit (rollback to 0, purge, or the old table version is beyond the time-travel horizon).
+    """
+
+    vbucket: int
+    position: VbucketPosition
+    full_resync: bool
+    table_version: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveredMirror:
+    """The committed state a replication resumes from."""
+
+    positions: Mapping[int, VbucketPosition]
+    failover_logs: Mapping[int, FailoverLog]
+    next_batch_id: int
+
+
+class MirrorStore(Protocol):
+    """What the driver needs of the Delta layer (see replicator.delta.store)."""
+
+    def recover(self, vbuckets: tuple[int, ...]) -> RecoveredMirror: ...
+
+    def save_failover_logs(self, logs: Mapping[int, FailoverLog]) -> None: ...
+
+    def commit(self, batch: CommitBatch, *, replace: frozenset[int]) -> int: ...
+
+    def rollback(
+        self,
+        vbucket: int,
+        rollback_seqno: int,
+        *,
+        committed: VbucketPosition,
+        failover_log: FailoverLog | None,
+        reason: str,
+    ) -> RollbackOutcome: ...
+
+    def heartbeat(self) -> None: ...
+
+
+@dataclass
+class VbucketProgress:
+    """The driver's view of one vbucket."""
+
+    vbucket: int
+    committed: VbucketPosition
+    failover_log: FailoverLog | None
+    target_seqno: int | None = None
+    resync: bool = False
+    rollbacks: int = 0
+    last_rollback_seqno: int | None = None
+    same_rollback_streak: int = 0
+    streaming: bool = False
+    history_confirmed: bool = False
+    """The producer accepted a stream from the committed position since the last rollback.
+
+    Until then even a vbucket at its target is not caught up: a committed seqno at or above the
+    producer's high seqno can be exactly the history a failover threw away."""
+
+    @property
+    def caught_up(self) -> bool:
+        return (
+            self.history_confirmed
+            and self.target_seqno is not None
+            and self.committed.seqno >= self.target_seqno
+        )
+
+
+@dataclass
+class ReplicationStats:
+    items_committed: int = 0
+    commits: int = 0
+    rollbacks: int = 0
+    full_resyncs: int = 0
+    started_at: float = field(default_factory=time.monotonic)
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicationSummary:
+    """What a finished run did, for the operator."""
+
+    vbuckets: int
+    items_committed: int
+    commits: int
+    rollbacks: int
+    full_resyncs: int
+    seconds: float
+    caught_up: bool
+
+    def describe(self) -> str:
+        rate = self.items_committed / self.seconds if self.seconds > 0 else 0.0
+        state = "caught up" if self.caught_up else "stopped"
+        return (
+            f"{state}: {self.items_committed} changes in {self.commits} commits over "
+            f"{self.vbuckets} vbuckets in {self.seconds:.1f}s ({rate:,.0f}/s); "
+            f"rollbacks {self.rollbacks}, full resyncs {self.full_resyncs}"
+        )
+
+
+class Replication:
+    """Mirrors the selected vbuckets of one bucket into one Delta table until told to stop.
+
+    `targets` (vbucket -> high seqno) makes the run stop once every vbucket committed it
+    (`--until-caught-up`); without it the run continues until `stop` is set.
+    """
+
+    def __init__(
+        self,
+        *,
+        source: DcpClient,
+        store: MirrorStore,
+        stream_stager: StreamStager,
+        vbuckets: tuple[int, ...],
+        thresholds: CommitThresholds,
+        targets: Mapping[int, int] | None = None,
+        progress: ProgressReporter | None = None,
+        heartbeat_interval_s: float = 15.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._source = source
+        self._store = store
+        self._staging = stream_stager
+        self._vbuckets = vbuckets
+        self._thresholds = thresholds
+        self._targets = dict(targets) if targets is not None else None
+        self._progress = progress
+        self._heartbeat_interval = heartbeat_interval_s
+        self._clock = clock
+        self._state: dict[int, VbucketProgress] = {}
+        self._pending_logs: dict[int, FailoverLog] = {}
+        self._next_batch_id = 0
+        self.stats = ReplicationStats()
+
+    # --- lifecycle ---------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Recover committed positions and open a stream per vbucket not yet caught up."""
+        recovered = self._store.recover(self._vbuckets)
+        self._next_batch_id = recovered.next_batch_id
+        for vb in self._vbuckets:
+            position = recovered.positions.get(vb) or VbucketPosition.beginning(vb)
+            state = VbucketProgress(vb, position, recovered.failover_logs.get(vb))
+            if self._targets is not None:
+                state.target_seqno = self._targets.get(vb, 0)
+            self._state[vb] = state
+        for state in self._state.values():
+            self._open(state)
+
+    def committed_position(self, vbucket: int) -> tuple[VbucketPosition, FailoverLog | None]:
+        """Where a stream resumes after a non-final end: the committed boundary.
+
+        The client calls this from inside `poll`, on this driver's thread, after the StreamEnd
+        was handed up; that handler already dropped everything staged above the boundary.
+        """
+        state = self._state[vbucket]
+        return state.committed, state.failover_log
+
+    def run(self, stop: threading.Event) -> ReplicationSummary:
+        """Replicate until `stop` is set or, with targets, until every vbucket caught up."""
+        self.start()
+        last_heartbeat = self._clock()
+        while not stop.is_set() and not self.all_caught_up():
+            self.step(poll_timeout=self._poll_timeout())
+            now = self._clock()
+            if now - last_heartbeat >= self._heartbeat_interval:
+                self._store.heartbeat()
+                last_heartbeat = now
+        # A clean stop commits what is complete (a short commit) and abandons partial snapshots.
+        self._commit_if_due(force=True)
+        self._save_pending_logs()
+        for state in self._state.values():
+            if state.streaming:
+                self._source.close_stream(state.vbucket)
+        self._report(force=True)
+        return self.summary()
+
+    def step(self, *, poll_timeout: float) -> None:
+        """One turn: poll, stage and acknowledge, then commit if a threshold is reached."""
+        batch = self._source.poll(timeout=poll_timeout)
+        for event in batch:
+            self._handle(event)
+        self._staging.flush()
+        self._source.acknowledge(batch)
+        self._commit_if_due()
+        self._report()
+
+    def all_caught_up(self) -> bool:
+        return self._targets is not None and all(s.caught_up for s in self._state.values())
+
+    def summary(self) -> ReplicationSummary:
+        return ReplicationSummary(
+            vbuckets=len(self._state),
+            items_committed=self.stats.items_committed,
+            commits=self.stats.commits,
+            rollbacks=self.stats.rollbacks,
+            full_resyncs=self.stats.full_resyncs,
+            seconds=self._clock() - self.stats.started_at,
+            caught_up=self.all_caught_up(),
+        )
+
+    def positions(self) -> dict[int, VbucketPosition]:
+        return {vb: state.committed for vb, state in self._state.items()}
+
+    # --- events ------------------------------------------------------------------------
+
+    def _handle(self, event: StreamEvent) -> None:
+        state = self._state.get(event.vbucket)
+        if state is None:
+            return  # a vbucket we do not own (a stale event after a map change)
+        if isinstance(event, StreamOpened):
+            state.failover_log = event.failover_log
+            state.history_confirmed = True
+            self._pending_logs[event.vbucket] = event.failover_log
+            self._staging.feed(event)
+            if state.caught_up:
+                self._source.close_stream(event.vbucket)
+        elif isinstance(event, RollbackRequired):
+            state.streaming = False
+            self._rollback(state, event.rollback_seqno)
+        elif isinstance(event, StreamEnd):
+            self._staging.feed(event)
+            if event.reason is StreamEndReason.OK or event.reason is StreamEndReason.CLOSED:
+                state.streaming = False
+            else:
+                # The client reopens from committed_position(): drop everything above it so
+                # the re-sent snapshots are neither duplicated nor mixed with the old stream.
+                log.info("vbucket %d stream ended (%s); resuming from seqno %d",
+                         event.vbucket, event.reason.name, state.committed.seqno)
+                self._staging.discard(event.vbucket, resume_seqno=state.committed.seqno)
+        else:
+            self._staging.feed(event)
+
+    def _rollback(self, state: VbucketProgress, rollback_seqno: int) -> None:
+        vb = state.vbucket
+        state.history_confirmed = False
+        self.stats.rollbacks += 1
+        state.rollbacks += 1
+        if rollback_seqno == state.last_rollback_seqno:
+            state.same_rollback_streak += 1
+        else:
+            state.same_rollback_streak = 1
+        state.last_rollback_seqno = rollback_seqno
+        storm = state.same_rollback_streak >= ROLLBACK_STORM_LIMIT
+        if storm:
+            log.warning("vbucket %d: %d rollbacks to seqno %d in a row; resyncing it from 0",
+                        vb, state.same_rollback_streak, rollback_seqno)
+            rollback_seqno = 0
+        fresh_log = self._source.failover_log(vb)
+        outcome = self._store.rollback(
+            vb, rollback_seqno, committed=state.committed, failover_log=fresh_log,
+            reason="rollback storm" if storm else "producer requested rollback",
+        )
+        log.info("vbucket %d: producer asked for rollback to %d; mirror now at seqno %d%s",
+                 vb, rollback_seqno, outcome.position.seqno,
+                 " (full resync)" if outcome.full_resync else "")
+        state.committed = outcome.position
+        state.failover_log = fresh_log
+        if outcome.full_resync:
+            self.stats.full_resyncs += 1
+            state.resync = True
+            state.committed = VbucketPosition.beginning(vb)
+            state.same_rollback_streak = 0
+        self._staging.discard(vb, resume_seqno=state.committed.seqno)
+        self._open(state)
+
+    def _open(self, state: VbucketProgress) -> None:
+        log_for_request = state.failover_log if state.committed.seqno > 0 else None
+        self._source.open_stream(state.vbucket, state.committed, log_for_request)
+        state.streaming = True
+
+    # --- commits -----------------------------------------------------------------------
+
+    def _poll_timeout(self) -> float:
+        from replicator.snapshots.planner import seconds_until_due
+
+        due = seconds_until_due(
+            self._staging.stager.ready_snapshots(), self._thresholds, now=self._clock()
+        )
+        return 0.5 if due is None else min(0.5, max(0.0, due))
+
+    def _commit_if_due(self, *, force: bool = False) -> None:
+        stager = self._staging.stager
+        batch = plan_commit(
+            stager.ready_snapshots(),
+            {vb: s.committed for vb, s in self._state.items()},
+            {vb: s.failover_log for vb, s in self._state.items() if s.failover_log is not None},
+            self._thresholds,
+            batch_id=self._next_batch_id,
+            now=self._clock(),
+            force=force,
+        )
+        if batch is None or batch.is_empty:
+            return
+        # Logs first: a position must never be persisted ahead of the history it is on.
+        self._save_pending_logs()
+        replace = frozenset(
+            c.vbucket for c in batch.commits if self._state[c.vbucket].resync
+        )
+        stager.claim(batch)
+        self._store.commit(batch, replace=replace)
+        stager.release(batch)
+        self._next_batch_id = batch.batch_id + 1
+        self.stats.commits += 1
+        self.stats.items_committed += batch.row_count
+        for commit in batch.commits:
+            state = self._state[commit.vbucket]
+            state.committed = commit.position
+            state.resync = False
+            state.same_rollback_streak = 0
+            if state.caught_up and state.streaming:
+                self._source.close_stream(state.vbucket)
+                state.streaming = False
+
+    def _save_pending_logs(self) -> None:
+        if self._pending_logs:
+            self._store.save_failover_logs(dict(self._pending_logs))
+            self._pending_logs.clear()
+
+    def _report(self, *, force: bool = False) -> None:
+        if self._progress is None:
+            return
+        target_total = sum(s.target_seqno or s.committed.seqno for s in self._state.values())
+        committed_total = sum(s.committed.seqno for s in self._state.values())
+        snapshot = ProgressSnapshot(
+            items_committed=self.stats.items_committed,
+            seqnos_committed=committed_total,
+            seqnos_target=max(target_total, committed_total),
+            commits=self.stats.commits,
+            rollbacks=self.stats.rollbacks,
+            vbuckets_caught_up=sum(1 for s in self._state.values() if s.caught_up),
+            vbuckets_total=len(self._state),
+            lag_seqnos=max(0, target_total - committed_total),
+        )
+        if force:
+            self._progress.finish(snapshot)
+        else:
+            self._progress.update(snapshot)
+
+
+@contextmanager
+def stop_on_signals(stop: threading.Event) -> Iterator[None]:
+    """Set `stop` on SIGTERM or SIGINT (main thread only), restoring the old handlers after."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, _frame: object) -> None:
+        log.info("received %s: finishing the current commit and stopping",
+                 signal.Signals(signum).name)
+        stop.set()
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)

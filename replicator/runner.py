@@ -1,0 +1,264 @@
+"""`replicator run`: validate, connect, open the mirror, claim the vbuckets, replicate.
+
+Validation runs cheapest first so that a user's mistake fails in seconds with one line: config
+values, Delta jars, then the source (reachable, credentials, bucket, TLS), then the target (a
+mirror of this bucket, writable), then ownership of the vbuckets.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from contextlib import ExitStack
+from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from replicator.config import ReplicatorConfig
+from replicator.dcp.auth import Credentials
+from replicator.dcp.client import ClientOptions, DcpClient
+from replicator.dcp.connection import ConnectionOptions, TlsSettings
+from replicator.dcp.connstr import ConnectionString
+from replicator.dcp.positions import FailoverLog, VbucketPosition
+from replicator.errors import ConfigError
+from replicator.progress import ProgressReporter
+from replicator.replication import (
+    RecoveredMirror,
+    Replication,
+    ReplicationSummary,
+    RollbackOutcome,
+    stop_on_signals,
+)
+from replicator.snapshots.planner import CommitBatch, CommitThresholds, without_vbucket
+from replicator.snapshots.rows import ChangeRowConverter, CollectionRegistry
+from replicator.snapshots.staging import Stager, StreamStager
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from replicator.delta.executor import CommitExecutor
+    from replicator.delta.ownership import OwnerClaim, OwnersTable
+    from replicator.delta.table import MirrorTable
+
+log = logging.getLogger(__name__)
+
+FaultHook = Callable[[str], None]
+
+
+class DeltaMirrorStore:
+    """The driver's view of the Delta layer: recover, commit, roll back, heartbeat.
+
+    Owns the batch counter: group commits, rollbacks and resyncs each take the next id, which
+    is the Delta txnVersion of their commits, so it only ever grows.
+    """
+
+    def __init__(self, executor: CommitExecutor, owners: OwnersTable, claim: OwnerClaim) -> None:
+        self._executor = executor
+        self._owners = owners
+        self._claim = claim
+        self.next_batch_id = 1
+
+    @property
+    def mirror(self) -> MirrorTable:
+        return self._executor.mirror
+
+    def recover(self, vbuckets: tuple[int, ...]) -> RecoveredMirror:
+        from replicator.delta.recovery import recover
+
+        state = recover(self.mirror, owner_id=self._claim.owner_id, vbuckets=vbuckets)
+        if state.repaired_versions:
+            log.info("repaired checkpoints of table versions %s from the table history",
+                     list(state.repaired_versions))
+        self.next_batch_id = state.next_batch_id
+        return RecoveredMirror(state.positions, state.failover_logs, state.next_batch_id)
+
+    def save_failover_logs(self, logs: Mapping[int, FailoverLog]) -> None:
+        from replicator.delta.failover_logs import FailoverLogsTable
+
+        FailoverLogsTable.of(self.mirror).save(logs)
+
+    def commit(self, batch: CommitBatch, *, replace: frozenset[int]) -> int:
+        """Commit a planned batch; vbuckets in `replace` (resyncs) replace all their rows."""
+        from replicator.delta.rollback import replace_vbucket
+
+        steady = batch
+        for vbucket in sorted(replace & set(batch.vbuckets)):
+            steady = without_vbucket(steady, vbucket)
+        if not steady.is_empty:
+            self._executor.execute(dataclasses.replace(steady, batch_id=self.next_batch_id))
+            self.next_batch_id += 1
+        for vbucket in sorted(replace & set(batch.vbuckets)):
+            replace_vbucket(self._executor, batch.commit_for(vbucket), batch_id=self.next_batch_id)
+            self.next_batch_id += 1
+        return self.next_batch_id
+
+    def rollback(
+        self,
+        vbucket: int,
+        rollback_seqno: int,
+        *,
+        committed: VbucketPosition,
+        failover_log: FailoverLog | None,
+        reason: str,
+    ) -> RollbackOutcome:
+        from replicator.delta.rollback import plan_rollback, rollback_vbucket, time_travel_horizon
+
+        if failover_log is None:
+            raise ConfigError(f"vbucket {vbucket}: a rollback needs the producer's failover log")
+        if committed.seqno <= rollback_seqno and rollback_seqno > 0:
+            # Nothing committed above the rollback point: the mirror already stands there.
+            position = VbucketPosition.at_boundary(
+                vbucket, failover_log.entry_at(committed.seqno).vbucket_uuid, committed.seqno,
+                purge_seqno=committed.purge_seqno, manifest_uid=committed.manifest_uid,
+            )
+            return RollbackOutcome(vbucket, position, full_resync=False, table_version=None)
+        checkpoints = self._executor.checkpoints.for_vbucket(vbucket)
+        plan = plan_rollback(
+            checkpoints, vbucket, rollback_seqno, time_travel_horizon(self.mirror)
+        )
+        outcome = rollback_vbucket(
+            self._executor, plan, batch_id=self.next_batch_id, failover_log=failover_log,
+            reason=reason,
+        )
+        if outcome.commit is not None:
+            self.next_batch_id += 1
+            return RollbackOutcome(
+                vbucket, outcome.position, full_resync=False,
+                table_version=outcome.commit.table_version,
+            )
+        log.warning("vbucket %d: %s", vbucket, outcome.reason)
+        return RollbackOutcome(vbucket, outcome.position, full_resync=True, table_version=None)
+
+    def heartbeat(self) -> None:
+        self._owners.heartbeat(self._claim)
+
+    def release(self) -> None:
+        self._owners.release(self._claim)
+
+
+def client_options(config: ReplicatorConfig, *, tls: bool) -> ClientOptions:
+    return ClientOptions(
+        connection=ConnectionOptions(
+            flow_control_window=config.flow_control_window_kb * 1024,
+            noop_interval=config.noop_interval_s,
+            allow_plain_over_tcp=config.allow_plain_over_tcp,
+            tls=TlsSettings(ca_file=config.tls_ca or None) if tls else TlsSettings(),
+        )
+    )
+
+
+def connect_source(config: ReplicatorConfig, *, committed_position: Any = None) -> DcpClient:
+    """Bootstrap the DCP client; the errors name the node and what is wrong."""
+    connection_string = ConnectionString.parse(config.source)
+    credentials = Credentials(config.username, config.resolved_password().value)
+    return DcpClient(
+        connection_string, credentials,
+        options=client_options(config, tls=connection_string.tls),
+        committed_position=committed_position,
+    )
+
+
+def staging_dir_for(config: ReplicatorConfig, owner_id: str) -> str:
+    """Beside the table by default, so executors on a cluster can read the spill files."""
+    if config.staging_dir:
+        return str(Path(config.staging_dir) / owner_id)
+    return f"{config.target.rstrip('/')}/_replicator/staging/{owner_id}"
+
+
+def run_replication(
+    config: ReplicatorConfig,
+    *,
+    spark: SparkSession | None = None,
+    stop: threading.Event | None = None,
+    fault_hook: FaultHook | None = None,
+    on_started: Callable[[Replication], None] | None = None,
+) -> ReplicationSummary:
+    """Replicate `config.source` into `config.target` until stopped or caught up."""
+    from replicator.delta.executor import CommitExecutor
+    from replicator.delta.ownership import OwnersTable
+    from replicator.delta.schema import MirrorConfig
+    from replicator.delta.table import open_or_create
+    from replicator.jars import locate_delta_jars
+    from replicator.spark import build_session
+
+    config.require_source_and_target()
+    config.resolved_password()
+    if spark is None:
+        locate_delta_jars()
+    stop = stop or threading.Event()
+    holder: dict[str, Replication] = {}
+
+    def committed_position(vb: int) -> tuple[VbucketPosition, FailoverLog | None]:
+        return holder["replication"].committed_position(vb)
+
+    with ExitStack() as cleanup:
+        client = connect_source(config, committed_position=committed_position)
+        cleanup.callback(client.close)
+        vbuckets = config.vbuckets.resolve(client.cluster_map.num_vbuckets)
+        session = spark or build_session("replicator")
+        mirror = open_or_create(
+            session, config.target,
+            MirrorConfig(
+                client.bucket,
+                deleted_file_retention=_interval(config.deleted_file_retention),
+                log_retention=_interval(config.log_retention),
+            ),
+        )
+        owners = OwnersTable.of(mirror)
+        claim = owners.claim(vbuckets)
+        executor = CommitExecutor(mirror, claim, owners, fault_hook=fault_hook)
+        store = DeltaMirrorStore(executor, owners, claim)
+        cleanup.callback(_release_quietly, store)
+
+        registry = CollectionRegistry.from_manifest(client.collections_manifest())
+        stager = Stager(
+            staging_dir_for(config, claim.owner_id),
+            memory_budget_bytes=config.memory_budget_mb * 1024 * 1024,
+        )
+        cleanup.callback(stager.close)
+        targets = None
+        if config.until_caught_up:
+            highs = client.high_seqnos()
+            targets = {vb: highs.get(vb, 0) for vb in vbuckets}
+        replication = Replication(
+            source=client,
+            store=store,
+            stream_stager=StreamStager(stager, ChangeRowConverter(registry)),
+            vbuckets=vbuckets,
+            thresholds=CommitThresholds(
+                max_rows=config.commit_max_rows, max_delay_seconds=config.commit_interval_s
+            ),
+            targets=targets,
+            progress=ProgressReporter(config.progress, interval_s=config.status_interval_s),
+        )
+        holder["replication"] = replication
+        if on_started is not None:
+            on_started(replication)
+        log.info("replicating %d vbuckets of %s into %s", len(vbuckets), client.bucket,
+                 config.target)
+        with stop_on_signals(stop):
+            summary = replication.run(stop)
+    return summary
+
+
+def _release_quietly(store: DeltaMirrorStore) -> None:
+    try:
+        store.release()
+    except Exception as exc:  # the lease expires anyway; a failed release must not mask errors
+        log.warning("could not release the vbucket claim: %s", exc)
+
+
+def _interval(text: str) -> timedelta:
+    """`interval 7 days` / `7 days` / `3600 seconds` -> timedelta (Delta's interval syntax)."""
+    words = text.lower().replace("interval", "").split()
+    units = {"second": 1, "minute": 60, "hour": 3600, "day": 86400, "week": 604800}
+    try:
+        amount = float(words[0])
+        unit = words[1].rstrip("s")
+        return timedelta(seconds=amount * units[unit])
+    except (IndexError, ValueError, KeyError):
+        raise ConfigError(
+            f"invalid retention {text!r}: use e.g. 'interval 7 days' or '12 hours'"
+        ) from None

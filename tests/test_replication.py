@@ -1,0 +1,48 @@
+"""End to end: the embedded producer over TCP -> DCP client -> staging -> Delta, in one process."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from replicator.config import ReplicatorConfig, Secret
+from replicator.runner import run_replication
+from replicator.sim.bucket import SimBucket
+from replicator.sim.cluster import SimCluster
+from replicator.sim.workload import initial_load
+from tests.mirror_check import assert_mirror_equals_bucket
+
+pytestmark = pytest.mark.spark
+
+
+@pytest.fixture
+def cluster() -> Iterator[SimCluster]:
+    bucket = SimBucket("travel", num_vbuckets=8, seed=7)
+    initial_load(bucket, docs=400, doc_size=200, seed=7)
+    with SimCluster(bucket, nodes=2) as running:
+        yield running
+
+
+def config_for(cluster: SimCluster, target: Path, **overrides: Any) -> ReplicatorConfig:
+    settings: dict[str, Any] = {
+        "source": cluster.connection_string,
+        "target": str(target),
+        "password": Secret("password"),
+        "until_caught_up": True,
+        "commit_interval_s": 0.2,
+        "progress": "off",
+    }
+    settings.update(overrides)
+    return ReplicatorConfig(**settings)
+
+
+def test_initial_load_until_caught_up_equals_source(
+    spark: Any, cluster: SimCluster, tmp_path: Path
+) -> None:
+    summary = run_replication(config_for(cluster, tmp_path / "mirror"), spark=spark)
+    assert summary.caught_up
+    assert summary.items_committed >= 400
+    assert_mirror_equals_bucket(spark, str(tmp_path / "mirror"), cluster.bucket)
