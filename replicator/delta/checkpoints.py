@@ -1,0 +1,151 @@
+"""The checkpoints table: where each data commit left each vbucket it touched.
+
+Written right after each data commit, in a commit of its own (Delta has no multi-table
+transactions), so it can lag the data table by one commit after a crash; recovery repairs it
+from the data commits' metadata. Appends are idempotent: they carry the data commit's
+txnAppId / txnVersion.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import Decimal
+from typing import TYPE_CHECKING, Any
+
+from replicator.dcp.positions import VbucketPosition
+from replicator.delta.schema import CHECKPOINT_SCHEMA, CommitMetadata, txn_app_id
+from replicator.delta.table import SESSION_WRITE_LOCK, MirrorTable, as_utc
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    """One vbucket's committed position as of data table version `table_version`."""
+
+    owner_id: str
+    batch_id: int
+    table_version: int
+    kind: str
+    position: VbucketPosition
+    committed_at: datetime
+
+    @property
+    def vbucket(self) -> int:
+        return self.position.vbucket
+
+    @property
+    def seqno(self) -> int:
+        return self.position.seqno
+
+
+class CheckpointsTable:
+    """Reads and appends rows of the checkpoints table at `path`."""
+
+    def __init__(self, spark: SparkSession, path: str) -> None:
+        self.spark = spark
+        self.path = path
+
+    @classmethod
+    def of(cls, mirror: MirrorTable) -> CheckpointsTable:
+        """The checkpoints table of a mirror."""
+        return cls(mirror.spark, mirror.layout.checkpoints)
+
+    def record(self, metadata: CommitMetadata, table_version: int, committed_at: datetime) -> None:
+        """Append one row per vbucket of a data commit; a no-op if that commit is recorded."""
+        rows = [
+            (
+                metadata.owner_id,
+                metadata.batch_id,
+                table_version,
+                metadata.kind,
+                position.vbucket,
+                Decimal(position.vbucket_uuid),
+                position.seqno,
+                position.snapshot_start,
+                position.snapshot_end,
+                position.purge_seqno,
+                position.manifest_uid,
+                committed_at,
+            )
+            for position in sorted(metadata.positions.values(), key=lambda p: p.vbucket)
+        ]
+        frame = self.spark.createDataFrame(rows, CHECKPOINT_SCHEMA)
+        with SESSION_WRITE_LOCK:
+            (
+                frame.write.format("delta")
+                .mode("append")
+                .option("txnAppId", txn_app_id(metadata.owner_id))
+                .option("txnVersion", metadata.txn_version)
+                .save(self.path)
+            )
+
+    def read(self) -> DataFrame:
+        return self.spark.read.format("delta").load(self.path)
+
+    def latest(self, vbuckets: Iterable[int] | None = None) -> dict[int, Checkpoint]:
+        """The newest checkpoint (highest table version) of each vbucket that has one."""
+        from pyspark.sql import Window
+        from pyspark.sql import functions as F
+
+        frame = self.read()
+        if vbuckets is not None:
+            wanted = sorted(set(vbuckets))
+            if not wanted:
+                return {}
+            frame = frame.where(F.col("vbucket").isin(wanted))
+        newest_first = Window.partitionBy("vbucket").orderBy(
+            F.col("table_version").desc(), F.col("batch_id").desc()
+        )
+        rows = (
+            frame.withColumn("rank", F.row_number().over(newest_first))
+            .where(F.col("rank") == 1)
+            .drop("rank")
+            .collect()
+        )
+        return {int(row["vbucket"]): _checkpoint(row) for row in rows}
+
+    def for_vbucket(self, vbucket: int) -> list[Checkpoint]:
+        """Every checkpoint of one vbucket, oldest (lowest table version) first."""
+        rows = self.read().where(f"vbucket = {int(vbucket)}").collect()
+        return sorted(
+            (_checkpoint(row) for row in rows), key=lambda c: (c.table_version, c.batch_id)
+        )
+
+    def newest_versions_by_owner(self) -> dict[str, int]:
+        """For each owner, the newest data table version it has checkpoints for."""
+        from pyspark.sql import functions as F
+
+        rows = self.read().groupBy("owner_id").agg(F.max("table_version").alias("v")).collect()
+        return {str(row["owner_id"]): int(row["v"]) for row in rows}
+
+    def newest_batch(self, owner_id: str) -> int | None:
+        """The highest batch id an owner has checkpoints for, None if it has none."""
+        from pyspark.sql import functions as F
+
+        row = self.read().where(F.col("owner_id") == owner_id).agg(F.max("batch_id")).first()
+        value = row[0] if row is not None else None
+        return None if value is None else int(value)
+
+
+def _checkpoint(row: Any) -> Checkpoint:
+    position = VbucketPosition(
+        int(row["vbucket"]),
+        int(row["vbucket_uuid"]),
+        int(row["seqno"]),
+        int(row["snapshot_start"]),
+        int(row["snapshot_end"]),
+        int(row["purge_seqno"]),
+        int(row["manifest_uid"]),
+    )
+    return Checkpoint(
+        owner_id=str(row["owner_id"]),
+        batch_id=int(row["batch_id"]),
+        table_version=int(row["table_version"]),
+        kind=str(row["kind"]),
+        position=position,
+        committed_at=as_utc(row["committed_at"]),
+    )

@@ -1,0 +1,425 @@
+"""Applying a CommitBatch to the data table: the named write strategies and exactly-once commits.
+
+- APPEND: vbuckets with nothing committed (first load): deduplicated upserts, appended.
+- MERGE: steady state: deduplicated changes merged on (vbucket, collection_id, key), the
+  condition led by a literal `t.vbucket IN (...)` so Delta reads and rewrites only those
+  vbuckets' partitions (and shards writing other vbuckets never conflict).
+- REPLACE: one vbucket's rows replaced wholesale (rollback to a version, full resync).
+
+A batch mixing first-load and steady vbuckets becomes two commits (append part 0, merge part 1),
+each with its own positions and txnVersion. Every commit carries the Delta txn ids of its owner
+and batch, so a batch applied twice commits once, and `CommitMetadata` as userMetadata, so the
+data commit is the point of truth the checkpoints table is repaired from.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlparse
+
+import pyarrow as pa
+
+from replicator.dcp.positions import VbucketPosition
+from replicator.delta.checkpoints import CheckpointsTable
+from replicator.delta.ownership import OwnerClaim, OwnersTable
+from replicator.delta.schema import (
+    CHANGE_SCHEMA,
+    COMMIT,
+    DATA_COLUMNS,
+    DELETE,
+    UPSERT,
+    CommitMetadata,
+    txn_app_id,
+)
+from replicator.delta.table import (
+    SESSION_WRITE_LOCK,
+    CommitRecord,
+    MirrorTable,
+    delta_write_confs,
+    engine_error_summary,
+    retry_on_conflict,
+)
+from replicator.errors import OwnershipConflict, ReplicatorError
+from replicator.snapshots.planner import CommitBatch, VbucketCommit, deduplicate_changes
+from replicator.snapshots.rows import CHANGE_SCHEMA as ARROW_CHANGE_SCHEMA
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame, SparkSession
+
+FAULT_STEPS = ("before_data_commit", "after_data_commit", "after_checkpoint")
+"""Steps at which the fault hook is called, in order, for each data commit."""
+
+FaultHook = Callable[[str], None]
+
+
+class WriteStrategy(enum.Enum):
+    """How a commit writes its rows (named as dbt-spark names its incremental strategies)."""
+
+    APPEND = "append"
+    MERGE = "merge"
+    REPLACE = "replace"
+
+
+class CommitFailed(ReplicatorError):
+    """A data commit could not be made; the message names the batch and the engine's reason."""
+
+
+@dataclass(frozen=True, slots=True)
+class DataCommit:
+    """One data table commit of a batch: its version, strategy, and the positions it reached.
+
+    `already_committed` is True when the commit was found made by an earlier attempt (a re-run
+    of the same batch), so nothing was written this time.
+    """
+
+    batch_id: int
+    part: int
+    kind: str
+    strategy: WriteStrategy
+    table_version: int
+    positions: Mapping[int, VbucketPosition]
+    already_committed: bool = False
+
+    @property
+    def vbuckets(self) -> tuple[int, ...]:
+        return tuple(sorted(self.positions))
+
+
+@dataclass(frozen=True, slots=True)
+class BatchOutcome:
+    """What applying a CommitBatch did: one or two data commits."""
+
+    batch_id: int
+    commits: tuple[DataCommit, ...] = field(default_factory=tuple)
+
+    @property
+    def positions(self) -> dict[int, VbucketPosition]:
+        """Each vbucket's committed position after the batch."""
+        return {vb: p for commit in self.commits for vb, p in commit.positions.items()}
+
+
+class CommitExecutor:
+    """Commits batches for one owner of a set of vbuckets into one mirror.
+
+    `fault_hook`, when given, is called with each name of FAULT_STEPS as a commit passes it;
+    tests raise from it to simulate a crash at that point.
+    """
+
+    def __init__(
+        self,
+        mirror: MirrorTable,
+        claim: OwnerClaim,
+        owners: OwnersTable,
+        *,
+        fault_hook: FaultHook | None = None,
+    ) -> None:
+        self.mirror = mirror
+        self.claim = claim
+        self.owners = owners
+        self.checkpoints = CheckpointsTable.of(mirror)
+        self._fault_hook = fault_hook
+
+    @property
+    def spark(self) -> SparkSession:
+        return self.mirror.spark
+
+    def execute(self, batch: CommitBatch) -> BatchOutcome:
+        """Apply a batch: APPEND its first-load vbuckets, MERGE the others; checkpoint each.
+
+        Re-running a batch that was (partly) committed commits nothing twice and completes the
+        missing part and checkpoints.
+        """
+        if batch.is_empty:
+            return BatchOutcome(batch.batch_id)
+        self._check_claimed(batch.vbuckets, f"batch {batch.batch_id}")
+        first_loads = [c for c in batch.commits if c.first_load]
+        steady = [c for c in batch.commits if not c.first_load]
+        commits = []
+        if first_loads:
+            commits.append(
+                self._commit(
+                    batch.batch_id,
+                    0,
+                    COMMIT,
+                    WriteStrategy.APPEND,
+                    {c.vbucket: c.position for c in first_loads},
+                    lambda metadata: self._append(first_loads, metadata),
+                    details={"trigger": batch.trigger.name.lower()},
+                )
+            )
+        if steady:
+            commits.append(
+                self._commit(
+                    batch.batch_id,
+                    1,
+                    COMMIT,
+                    WriteStrategy.MERGE,
+                    {c.vbucket: c.position for c in steady},
+                    lambda metadata: self._merge(steady, metadata),
+                    details={"trigger": batch.trigger.name.lower()},
+                )
+            )
+        return BatchOutcome(batch.batch_id, tuple(commits))
+
+    def replace_rows(
+        self,
+        vbucket: int,
+        rows: DataFrame,
+        position: VbucketPosition,
+        *,
+        batch_id: int,
+        kind: str,
+        details: Mapping[str, Any] | None = None,
+    ) -> DataCommit:
+        """REPLACE strategy: make `rows` (data columns) all of `vbucket`'s rows, in one commit.
+
+        Used for a rollback (rows of an older version) and a full resync (a complete stream
+        from 0: keys not in `rows` disappear).
+        """
+        if position.vbucket != vbucket:
+            raise ValueError(f"position of vbucket {position.vbucket} given for vbucket {vbucket}")
+        self._check_claimed([vbucket], f"{kind} of vbucket {vbucket}")
+        condition = f"vbucket = {int(vbucket)}"
+
+        def write(metadata: CommitMetadata) -> None:
+            frame = rows.where(condition).select(*DATA_COLUMNS)
+            with SESSION_WRITE_LOCK:
+                (
+                    frame.write.format("delta")
+                    .mode("overwrite")
+                    .option("replaceWhere", condition)
+                    .option("txnAppId", txn_app_id(metadata.owner_id))
+                    .option("txnVersion", metadata.txn_version)
+                    .option("userMetadata", metadata.to_json())
+                    .save(self.mirror.layout.data)
+                )
+
+        return self._commit(
+            batch_id, 0, kind, WriteStrategy.REPLACE, {vbucket: position}, write, details=details
+        )
+
+    def change_rows(self, commits: Sequence[VbucketCommit]) -> DataFrame:
+        """The staged changes of `commits`, one row per document (its highest seqno).
+
+        Rows of collections dropped in the batch are left out: collection ids are never reused,
+        and the dropped collection's rows are removed as a whole.
+        """
+        in_memory: list[pa.Table] = []
+        spilled: list[DataFrame] = []
+        for commit in commits:
+            table = _concat(commit.tables)
+            if commit.spill_files:
+                parts = [self.spark.read.schema(CHANGE_SCHEMA).parquet(*_uris(commit.spill_files))]
+                if table.num_rows:
+                    parts.append(self.spark.createDataFrame(table, CHANGE_SCHEMA))
+                spilled.append(_union(parts))
+            elif table.num_rows:
+                in_memory.append(deduplicate_changes(table))
+        frames: list[DataFrame] = []
+        if in_memory:
+            frames.append(self.spark.createDataFrame(_concat(in_memory), CHANGE_SCHEMA))
+        if spilled:
+            frames.append(_latest_per_document(_union(spilled)))
+        if not frames:
+            return self.spark.createDataFrame([], CHANGE_SCHEMA)
+        changes = _union(frames)
+        for commit in commits:
+            if commit.dropped_collection_ids:
+                changes = changes.where(_not_in_dropped(commit))
+        return changes
+
+    # -- strategies -------------------------------------------------------------------------
+
+    def _append(self, commits: Sequence[VbucketCommit], metadata: CommitMetadata) -> None:
+        vbuckets = [c.vbucket for c in commits]
+        holding = self._vbuckets_with_rows(vbuckets)
+        if holding:
+            raise CommitFailed(
+                f"batch {metadata.batch_id}: vbuckets {holding} are marked first load but hold "
+                "rows; a vbucket rolled back to 0 must be reloaded with replace_vbucket"
+            )
+        frame = self.change_rows(commits).where(f"op = '{UPSERT}'").select(*DATA_COLUMNS)
+        with SESSION_WRITE_LOCK:
+            (
+                frame.write.format("delta")
+                .mode("append")
+                .option("txnAppId", txn_app_id(metadata.owner_id))
+                .option("txnVersion", metadata.txn_version)
+                .option("userMetadata", metadata.to_json())
+                .save(self.mirror.layout.data)
+            )
+
+    def _merge(self, commits: Sequence[VbucketCommit], metadata: CommitMetadata) -> None:
+        source = _union([self.change_rows(commits), *self._dropped_collection_rows(commits)])
+        vbuckets = ", ".join(str(c.vbucket) for c in commits)
+        condition = (
+            f"t.vbucket IN ({vbuckets}) AND t.vbucket = s.vbucket "
+            "AND t.collection_id = s.collection_id AND t.key = s.key"
+        )
+        columns: dict[str, str | Column] = {name: f"s.{name}" for name in DATA_COLUMNS}
+        with delta_write_confs(
+            self.spark,
+            user_metadata=metadata.to_json(),
+            app_id=txn_app_id(metadata.owner_id),
+            version=metadata.txn_version,
+        ):
+            (
+                self.mirror.delta()
+                .alias("t")
+                .merge(source.alias("s"), condition)
+                .whenMatchedDelete(condition=f"s.op = '{DELETE}'")
+                .whenMatchedUpdate(condition=f"s.op = '{UPSERT}'", set=columns)
+                .whenNotMatchedInsert(condition=f"s.op = '{UPSERT}'", values=columns)
+                .execute()
+            )
+
+    def _dropped_collection_rows(self, commits: Sequence[VbucketCommit]) -> list[DataFrame]:
+        """Delete rows for every stored document of the collections the batch dropped.
+
+        DCP sends no deletions for a dropped collection's documents. Only this owner writes
+        these vbuckets, so the rows read here are the ones the MERGE will see.
+        """
+        from pyspark.sql import functions as F
+
+        frames = []
+        for commit in commits:
+            if not commit.dropped_collection_ids:
+                continue
+            dropped = sorted(set(commit.dropped_collection_ids))
+            stored = self.mirror.read().where(
+                (F.col("vbucket") == commit.vbucket) & F.col("collection_id").isin(dropped)
+            )
+            frames.append(
+                stored.withColumn("op", F.lit(DELETE)).select(*CHANGE_SCHEMA.fieldNames())
+            )
+        return frames
+
+    # -- the commit protocol ----------------------------------------------------------------
+
+    def _commit(
+        self,
+        batch_id: int,
+        part: int,
+        kind: str,
+        strategy: WriteStrategy,
+        positions: Mapping[int, VbucketPosition],
+        write: Callable[[CommitMetadata], None],
+        *,
+        details: Mapping[str, Any] | None = None,
+    ) -> DataCommit:
+        metadata = CommitMetadata(
+            kind=kind,
+            batch_id=batch_id,
+            part=part,
+            owner_id=self.claim.owner_id,
+            strategy=strategy.value,
+            positions=dict(positions),
+            details=dict(details or {}),
+        )
+        record = self.mirror.find_commit(metadata.owner_id, batch_id, part, recent_only=True)
+        already_committed = record is not None
+        if record is None:
+            self.owners.verify(self.claim)
+            self._step("before_data_commit")
+            try:
+                # A conflict (say, with an OPTIMIZE of the same partitions) is retried: the
+                # txn ids make a write that did land count once.
+                retry_on_conflict(lambda: write(metadata))
+            except ReplicatorError:
+                raise
+            except Exception as exc:
+                raise CommitFailed(
+                    f"batch {batch_id} ({strategy.value} of vbuckets "
+                    f"{sorted(positions)}) failed: {engine_error_summary(exc)}"
+                ) from exc
+            record = self.mirror.find_commit(metadata.owner_id, batch_id, part)
+            if record is None:
+                raise CommitFailed(
+                    f"batch {batch_id} part {part}: Delta accepted the write but its commit is "
+                    "not in the table history (was the txn id committed by another writer?)"
+                )
+        self._step("after_data_commit")
+        self.checkpoints.record(record.metadata, record.version, record.timestamp)
+        self._step("after_checkpoint")
+        return _data_commit(record, strategy, already_committed)
+
+    def _step(self, name: str) -> None:
+        if self._fault_hook is not None:
+            self._fault_hook(name)
+
+    def _check_claimed(self, vbuckets: Iterable[int], what: str) -> None:
+        foreign = sorted(set(vbuckets) - self.claim.vbuckets)
+        if foreign:
+            raise OwnershipConflict(
+                f"{what} touches vbuckets {foreign} that owner {self.claim.owner_id!r} "
+                "has not claimed"
+            )
+
+    def _vbuckets_with_rows(self, vbuckets: Sequence[int]) -> list[int]:
+        from pyspark.sql import functions as F
+
+        rows = (
+            self.mirror.read()
+            .where(F.col("vbucket").isin(list(vbuckets)))
+            .select("vbucket")
+            .distinct()
+            .collect()
+        )
+        return sorted(int(row["vbucket"]) for row in rows)
+
+
+def _data_commit(record: CommitRecord, strategy: WriteStrategy, already: bool) -> DataCommit:
+    metadata = record.metadata
+    return DataCommit(
+        batch_id=metadata.batch_id,
+        part=metadata.part,
+        kind=metadata.kind,
+        strategy=strategy,
+        table_version=record.version,
+        positions=dict(metadata.positions),
+        already_committed=already,
+    )
+
+
+def _concat(tables: Iterable[pa.Table]) -> pa.Table:
+    parts = [t.cast(ARROW_CHANGE_SCHEMA) if t.schema != ARROW_CHANGE_SCHEMA else t for t in tables]
+    if not parts:
+        return ARROW_CHANGE_SCHEMA.empty_table()
+    return pa.concat_tables(parts)
+
+
+def _union(frames: Sequence[DataFrame]) -> DataFrame:
+    result = frames[0]
+    for frame in frames[1:]:
+        result = result.unionByName(frame)
+    return result
+
+
+def _latest_per_document(changes: DataFrame) -> DataFrame:
+    """Spark twin of deduplicate_changes, for rows that live in spill files."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    newest_first = Window.partitionBy("vbucket", "collection_id", "key").orderBy(
+        F.col("seqno").desc()
+    )
+    return (
+        changes.withColumn("_rank", F.row_number().over(newest_first))
+        .where(F.col("_rank") == 1)
+        .drop("_rank")
+    )
+
+
+def _not_in_dropped(commit: VbucketCommit) -> Any:
+    from pyspark.sql import functions as F
+
+    dropped = sorted(set(commit.dropped_collection_ids))
+    return (F.col("vbucket") != commit.vbucket) | ~F.col("collection_id").isin(dropped)
+
+
+def _uris(paths: Iterable[str]) -> list[str]:
+    """Spill files are written by the driver's local filesystem: say so to Hadoop."""
+    return [path if urlparse(path).scheme else f"file://{path}" for path in paths]

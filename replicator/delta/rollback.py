@@ -1,0 +1,248 @@
+"""Rollback on the Delta side (issue 6): rewind one vbucket's rows to a committed boundary.
+
+When the producer answers a stream request with ROLLBACK to r, the vbucket goes back to the
+newest committed boundary b <= r: its rows are rewritten from the table version at which it
+stood at b (time travel), in one commit touching only its partition. When there is no such
+boundary (r == 0, nothing committed at or below r, or the version is past the time-travel
+horizon) the answer is a full resync: stream the vbucket from 0 and `replace_vbucket`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from replicator.dcp.positions import FailoverLog, VbucketPosition
+from replicator.delta.checkpoints import Checkpoint
+from replicator.delta.executor import CommitExecutor, CommitFailed, DataCommit
+from replicator.delta.failover_logs import FailoverLogsTable
+from replicator.delta.schema import DATA_COLUMNS, RESYNC, ROLLBACK, UPSERT
+from replicator.delta.table import MirrorTable, engine_error_summary, now_utc, path_exists
+from replicator.snapshots.planner import VbucketCommit
+
+_UNREADABLE_MARKERS = (
+    "FILE_NOT_EXIST",
+    "FileNotFoundException",
+    "DELTA_FILE_NOT_FOUND",
+    "Cannot time travel",
+    "VERSION_NOT_FOUND",
+    "VersionNotFound",
+    "DELTA_TIME_TRAVEL",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class RollbackPlan:
+    """What to do about ROLLBACK to `rollback_seqno`: rewind to `boundary`, or full resync.
+
+    `boundary` is the checkpoint of the newest live committed boundary <= the rollback seqno;
+    its `table_version` is a version at which the vbucket's rows were exactly that boundary.
+    """
+
+    vbucket: int
+    rollback_seqno: int
+    boundary: Checkpoint | None
+    reason: str
+
+    @property
+    def full_resync(self) -> bool:
+        return self.boundary is None
+
+    @property
+    def to_seqno(self) -> int:
+        return 0 if self.boundary is None else self.boundary.seqno
+
+
+@dataclass(frozen=True, slots=True)
+class RollbackOutcome:
+    """What `rollback_vbucket` did: rewound (with its commit), or a full resync is needed."""
+
+    vbucket: int
+    position: VbucketPosition
+    commit: DataCommit | None
+    reason: str
+
+    @property
+    def full_resync_required(self) -> bool:
+        return self.commit is None
+
+
+def live_boundaries(checkpoints: Iterable[Checkpoint], vbucket: int) -> list[Checkpoint]:
+    """The vbucket's committed boundaries still on its current history, oldest first.
+
+    A rollback to b abandons every boundary above b committed before it; a full resync
+    abandons everything before it. Older versions on an abandoned branch must never be
+    rewound to.
+    """
+    chain: list[Checkpoint] = []
+    ordered = sorted(
+        (c for c in checkpoints if c.vbucket == vbucket),
+        key=lambda c: (c.table_version, c.batch_id),
+    )
+    for checkpoint in ordered:
+        if checkpoint.kind == RESYNC:
+            chain = []
+        elif checkpoint.kind == ROLLBACK:
+            chain = [c for c in chain if c.seqno <= checkpoint.seqno]
+        chain.append(checkpoint)
+    return chain
+
+
+def plan_rollback(
+    checkpoints: Iterable[Checkpoint], vbucket: int, rollback_seqno: int, horizon: int
+) -> RollbackPlan:
+    """Decide how to roll `vbucket` back to `rollback_seqno` (pure).
+
+    `horizon` is the oldest data table version time travel can still read.
+    """
+    if rollback_seqno < 0:
+        raise ValueError(f"vbucket {vbucket}: rollback seqno {rollback_seqno} is negative")
+    if rollback_seqno == 0:
+        return RollbackPlan(vbucket, 0, None, "the producer asked for a rollback to 0")
+    candidates = [c for c in live_boundaries(checkpoints, vbucket) if 0 < c.seqno <= rollback_seqno]
+    if not candidates:
+        return RollbackPlan(
+            vbucket,
+            rollback_seqno,
+            None,
+            f"no committed boundary of vbucket {vbucket} at or below seqno {rollback_seqno}",
+        )
+    boundary = candidates[-1]
+    if boundary.table_version < horizon:
+        return RollbackPlan(
+            vbucket,
+            rollback_seqno,
+            None,
+            f"boundary seqno {boundary.seqno} is at table version {boundary.table_version}, "
+            f"older than the time-travel horizon (version {horizon})",
+        )
+    return RollbackPlan(
+        vbucket,
+        rollback_seqno,
+        boundary,
+        f"rewind to seqno {boundary.seqno} (table version {boundary.table_version})",
+    )
+
+
+def readable_horizon(
+    commits: Sequence[tuple[int, datetime]], retention: timedelta, now: datetime
+) -> int:
+    """The oldest version whose files VACUUM may not have deleted yet (pure).
+
+    Files a commit removed may go once the commit is older than the retention, and every
+    version before that commit needs them: the horizon is the newest such commit (or the
+    oldest version still in the log). `commits` are (version, timestamp), any order.
+    """
+    if not commits:
+        return 0
+    oldest = min(version for version, _ in commits)
+    cutoff = now - retention
+    expired = [version for version, timestamp in commits if timestamp < cutoff]
+    return max([oldest, *expired])
+
+
+def time_travel_horizon(mirror: MirrorTable, now: datetime | None = None) -> int:
+    """The oldest data table version a rollback may rewind to, by the mirror's retention."""
+    return readable_horizon(
+        mirror.commit_timestamps(), mirror.config.deleted_file_retention, now or now_utc()
+    )
+
+
+def rollback_vbucket(
+    executor: CommitExecutor,
+    plan: RollbackPlan,
+    *,
+    batch_id: int,
+    failover_log: FailoverLog,
+    reason: str,
+) -> RollbackOutcome:
+    """Carry out a plan: rewrite the vbucket's rows as of the boundary's version, in one commit.
+
+    Then checkpoint it (kind rollback) and store the fresh `failover_log` (fetched after the
+    rollback answer). Returns a full-resync outcome, and writes nothing, when the plan says so or
+    the old version can no longer be read (vacuumed files, cleaned log).
+    """
+    vbucket = plan.vbucket
+    if plan.boundary is None:
+        return RollbackOutcome(vbucket, VbucketPosition.beginning(vbucket), None, plan.reason)
+    boundary = plan.boundary
+    mirror = executor.mirror
+    current = executor.checkpoints.latest([vbucket]).get(vbucket)
+    position = VbucketPosition.at_boundary(
+        vbucket,
+        failover_log.entry_at(boundary.seqno).vbucket_uuid,
+        boundary.seqno,
+        purge_seqno=boundary.position.purge_seqno,
+        manifest_uid=boundary.position.manifest_uid,
+    )
+    details = {
+        "vbucket": vbucket,
+        "from_seqno": current.seqno if current is not None else 0,
+        "to_seqno": boundary.seqno,
+        "rollback_seqno": plan.rollback_seqno,
+        "from_table_version": boundary.table_version,
+        "failover_log": [list(pair) for pair in failover_log.as_pairs()],
+        "reason": reason,
+    }
+    try:
+        old_rows = mirror.read(boundary.table_version).where(f"vbucket = {int(vbucket)}")
+        missing = [f for f in old_rows.inputFiles() if not path_exists(mirror.spark, f)]
+    except Exception as exc:
+        if not _unreadable(exc):
+            raise
+        return _resync_needed(vbucket, boundary, engine_error_summary(exc))
+    if missing:
+        return _resync_needed(vbucket, boundary, f"{len(missing)} of its data files were vacuumed")
+    try:
+        commit = executor.replace_rows(
+            vbucket, old_rows, position, batch_id=batch_id, kind=ROLLBACK, details=details
+        )
+    except CommitFailed as exc:
+        if not _unreadable(exc):
+            raise
+        return _resync_needed(vbucket, boundary, str(exc))
+    FailoverLogsTable.of(mirror).save({vbucket: failover_log})
+    return RollbackOutcome(vbucket, position, commit, plan.reason)
+
+
+def replace_vbucket(
+    executor: CommitExecutor,
+    commit: VbucketCommit,
+    *,
+    batch_id: int,
+    failover_log: FailoverLog | None = None,
+    reason: str = "full resync",
+) -> DataCommit:
+    """REPLACE strategy for a full resync: the complete stream from 0 becomes all the rows.
+
+    Keys not re-streamed disappear (their tombstones may have been purged), in the same single
+    commit that writes the re-streamed documents.
+    """
+    rows = executor.change_rows([commit]).where(f"op = '{UPSERT}'").select(*DATA_COLUMNS)
+    details = {"vbucket": commit.vbucket, "to_seqno": commit.position.seqno, "reason": reason}
+    result = executor.replace_rows(
+        commit.vbucket, rows, commit.position, batch_id=batch_id, kind=RESYNC, details=details
+    )
+    if failover_log is not None:
+        FailoverLogsTable.of(executor.mirror).save({commit.vbucket: failover_log})
+    return result
+
+
+def _resync_needed(vbucket: int, boundary: Checkpoint, why: str) -> RollbackOutcome:
+    reason = (
+        f"table version {boundary.table_version} (vbucket {vbucket} at seqno {boundary.seqno}) "
+        f"can no longer be read: {why}; stream the vbucket again from 0"
+    )
+    return RollbackOutcome(vbucket, VbucketPosition.beginning(vbucket), None, reason)
+
+
+def _unreadable(exc: BaseException) -> bool:
+    """The error says an old version's log or files are gone (not some other failure)."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        text = engine_error_summary(seen) + " " + str(seen)[:2000]
+        if any(marker in text for marker in _UNREADABLE_MARKERS):
+            return True
+        seen = seen.__cause__
+    return False

@@ -1,0 +1,379 @@
+"""The mirror on storage: open or create it, read its history, write to it safely.
+
+`open_or_create` is the one entry point: it creates the data table and the replicator's own
+tables at a fresh path, and refuses (NotAMirrorError) a path that holds anything else. Engine
+errors on the way become errors.* with a one-line cause, never a JVM stack trace.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, TypeVar
+
+from replicator.delta.schema import (
+    BUCKET_PROPERTY,
+    CHECKPOINT_SCHEMA,
+    DATA_SCHEMA,
+    FAILOVER_LOG_SCHEMA,
+    FORMAT_PROPERTY,
+    FORMAT_VERSION,
+    METADATA_DIR,
+    OWNER_SCHEMA,
+    CommitMetadata,
+    MirrorConfig,
+    MirrorLayout,
+)
+from replicator.errors import ConfigError, NotAMirrorError
+
+if TYPE_CHECKING:
+    from delta.tables import DeltaTable
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.types import StructType
+
+T = TypeVar("T")
+
+TXN_APP_ID_CONF = "spark.databricks.delta.write.txnAppId"
+TXN_VERSION_CONF = "spark.databricks.delta.write.txnVersion"
+USER_METADATA_CONF = "spark.databricks.delta.commitInfo.userMetadata"
+
+SESSION_WRITE_LOCK = threading.RLock()
+"""Held around every Delta write of this package: the txn and userMetadata confs are
+session-wide, so two threads writing at once would stamp each other's commits."""
+
+_RECENT_HISTORY = 64
+"""How many recent commits to search first for a commit just made (others may have landed)."""
+
+
+@contextlib.contextmanager
+def delta_write_confs(
+    spark: SparkSession,
+    *,
+    user_metadata: str,
+    app_id: str | None = None,
+    version: int | None = None,
+) -> Iterator[None]:
+    """Set the commit-metadata (and, given both, idempotency) confs for the writes inside.
+
+    DML (MERGE, UPDATE, DELETE) only takes these from the session; they must never outlive the
+    write, or an unrelated write would be skipped or mislabelled. Holds SESSION_WRITE_LOCK.
+    """
+    confs = {USER_METADATA_CONF: user_metadata}
+    if app_id is not None and version is not None:
+        confs[TXN_APP_ID_CONF] = app_id
+        confs[TXN_VERSION_CONF] = str(version)
+    with SESSION_WRITE_LOCK:
+        for key, value in confs.items():
+            spark.conf.set(key, value)
+        try:
+            yield
+        finally:
+            for key in confs:
+                spark.conf.unset(key)
+
+
+def engine_error_summary(exc: BaseException) -> str:
+    """The first line of an engine exception's own message, without the JVM stack trace."""
+    text = ""
+    java_exception = getattr(exc, "java_exception", None)
+    if java_exception is not None:
+        with contextlib.suppress(Exception):
+            text = str(java_exception.toString())
+    if not text:
+        get_message = getattr(exc, "getMessage", None)
+        if callable(get_message):
+            with contextlib.suppress(Exception):
+                text = str(get_message())
+    if not text:
+        text = str(exc)
+    first = next((line.strip() for line in text.splitlines() if line.strip()), type(exc).__name__)
+    return first[:500]
+
+
+def is_concurrent_modification(exc: BaseException) -> bool:
+    """True when Delta refused a commit because another writer committed first."""
+    from delta.exceptions import DeltaConcurrentModificationException
+
+    if isinstance(exc, DeltaConcurrentModificationException):
+        return True
+    return "Concurrent" in engine_error_summary(exc) and "Exception" in engine_error_summary(exc)
+
+
+def retry_on_conflict(action: Callable[[], T], *, attempts: int = 3) -> T:
+    """Run `action`, again when a concurrent writer made the commit fail (it re-reads)."""
+    for attempt in range(1, attempts + 1):
+        try:
+            return action()
+        except Exception as exc:
+            if attempt == attempts or not is_concurrent_modification(exc):
+                raise
+    raise AssertionError("unreachable")
+
+
+@dataclass(frozen=True, slots=True)
+class CommitRecord:
+    """A commit of the data table made by the replicator: its version, time and metadata."""
+
+    version: int
+    timestamp: datetime
+    metadata: CommitMetadata
+
+
+class MirrorTable:
+    """Handle on one mirror: the data table and the replicator's tables beside it."""
+
+    def __init__(self, spark: SparkSession, layout: MirrorLayout, config: MirrorConfig) -> None:
+        self.spark = spark
+        self.layout = layout
+        self.config = config
+
+    def delta(self) -> DeltaTable:
+        """The data table as a DeltaTable (fresh: sees the latest commit)."""
+        from delta.tables import DeltaTable
+
+        return DeltaTable.forPath(self.spark, self.layout.data)
+
+    def read(self, version: int | None = None) -> DataFrame:
+        """The mirrored documents, at `version` when given (time travel)."""
+        reader = self.spark.read.format("delta")
+        if version is not None:
+            reader = reader.option("versionAsOf", version)
+        return reader.load(self.layout.data)
+
+    def version(self) -> int:
+        """The latest version of the data table."""
+        row = self.delta().history(1).select("version").first()
+        assert row is not None, "a Delta table always has a version"
+        return int(row["version"])
+
+    def find_commit(
+        self, owner_id: str, batch_id: int, part: int, *, recent_only: bool = False
+    ) -> CommitRecord | None:
+        """The replicator commit of (owner, batch, part), searched in recent history first.
+
+        `recent_only` stops after the recent commits: enough to spot a batch re-run at once
+        (an older duplicate is still skipped by Delta's txn ids), without reading the whole log.
+        """
+        for limit in (_RECENT_HISTORY,) if recent_only else (_RECENT_HISTORY, None):
+            records = self._commits(limit, owner_id=owner_id, batch_id=batch_id, part=part)
+            if records:
+                return records[-1]
+        return None
+
+    def commits_after(self, floors: Mapping[str, int]) -> list[CommitRecord]:
+        """Replicator commits, oldest first, newer than their owner's floor version.
+
+        Owners missing from `floors` contribute all their commits. Spark drops everything at or
+        below the lowest floor, so the driver only receives recent commits' metadata.
+        """
+        from pyspark.sql import functions as F
+
+        history = self._history_with_owner(None)
+        if floors:
+            history = history.where(
+                (F.col("version") > min(floors.values())) | ~F.col("owner").isin(sorted(floors))
+            )
+        return [
+            record
+            for record in self._records(history)
+            if record.version > floors.get(record.metadata.owner_id, -1)
+        ]
+
+    def commit_timestamps(self) -> list[tuple[int, datetime]]:
+        """(version, timestamp) of every commit still in the log, oldest first."""
+        rows = self.delta().history().select("version", "timestamp").orderBy("version").collect()
+        return [(int(r["version"]), as_utc(r["timestamp"])) for r in rows]
+
+    def _history_with_owner(self, limit: int | None) -> DataFrame:
+        from pyspark.sql import functions as F
+
+        delta = self.delta()
+        history = delta.history(limit) if limit is not None else delta.history()
+        return (
+            history.select("version", "timestamp", "userMetadata")
+            .where(F.get_json_object("userMetadata", "$.replicator") == str(FORMAT_VERSION))
+            .withColumn("owner", F.get_json_object("userMetadata", "$.owner"))
+        )
+
+    def _commits(
+        self, limit: int | None, *, owner_id: str, batch_id: int, part: int
+    ) -> list[CommitRecord]:
+        from pyspark.sql import functions as F
+
+        history = self._history_with_owner(limit).where(
+            (F.col("owner") == owner_id)
+            & (F.get_json_object("userMetadata", "$.batch") == str(batch_id))
+            & (F.get_json_object("userMetadata", "$.part") == str(part))
+        )
+        return self._records(history)
+
+    @staticmethod
+    def _records(history: DataFrame) -> list[CommitRecord]:
+        records = []
+        for row in history.select("version", "timestamp", "userMetadata").collect():
+            metadata = CommitMetadata.from_json(row["userMetadata"])
+            if metadata is not None:
+                records.append(
+                    CommitRecord(int(row["version"]), as_utc(row["timestamp"]), metadata)
+                )
+        return sorted(records, key=lambda record: record.version)
+
+
+def as_utc(value: datetime) -> datetime:
+    # PySpark hands timestamps back as naive local time.
+    return value.astimezone(UTC) if value.tzinfo is None else value
+
+
+def now_utc() -> datetime:
+    """The current time, timezone-aware (what every table's timestamps are written from)."""
+    return datetime.now(UTC)
+
+
+def open_or_create(spark: SparkSession, path: str, config: MirrorConfig) -> MirrorTable:
+    """Open the mirror of `config.bucket` at `path`, creating it when the path is new or empty.
+
+    Raises NotAMirrorError when the path holds non-Delta files, a Delta table that is not a
+    mirror, or a mirror of another bucket; ConfigError when the path cannot be written.
+
+    >>> config = MirrorConfig("travel-sample")
+    >>> mirror = open_or_create(spark, "/data/travel", config)  # doctest: +SKIP
+    """
+    layout = MirrorLayout(path)
+    try:
+        _ensure_data_table(spark, layout, config)
+        for role, table_path, schema in (
+            ("checkpoints", layout.checkpoints, CHECKPOINT_SCHEMA),
+            ("failover_logs", layout.failover_logs, FAILOVER_LOG_SCHEMA),
+            ("owners", layout.owners, OWNER_SCHEMA),
+        ):
+            _create_if_missing(spark, table_path, schema, config.metadata_table_properties(role))
+    except (NotAMirrorError, ConfigError):
+        raise
+    except Exception as exc:
+        raise ConfigError(
+            f"cannot open or create the mirror at {path}: {engine_error_summary(exc)}"
+        ) from None
+    return MirrorTable(spark, layout, config)
+
+
+def _ensure_data_table(spark: SparkSession, layout: MirrorLayout, config: MirrorConfig) -> None:
+
+    path = layout.data
+    if not is_delta_table_at(spark, path):
+        foreign = _foreign_entries(spark, path)
+        if foreign:
+            shown = ", ".join(sorted(foreign)[:5])
+            raise NotAMirrorError(
+                f"{path} is not a Delta table but holds other files ({shown}); "
+                "point the mirror at a new or empty directory"
+            )
+        try:
+            _create_data_table(spark, path, config)
+        except Exception:
+            # Another replicator may have created it at the same moment; validate theirs.
+            if not is_delta_table_at(spark, path):
+                raise
+    _validate_data_table(spark, path, config)
+
+
+def _create_data_table(spark: SparkSession, path: str, config: MirrorConfig) -> None:
+    from delta.tables import DeltaTable
+
+    builder = (
+        DeltaTable.createIfNotExists(spark)
+        .location(path)
+        .addColumns(DATA_SCHEMA)
+        .partitionedBy("vbucket")
+        .comment(f"Mirror of Couchbase bucket {config.bucket}, maintained by replicator")
+    )
+    for key, value in config.data_table_properties().items():
+        builder = builder.property(key, value)
+    builder.execute()
+
+
+def _validate_data_table(spark: SparkSession, path: str, config: MirrorConfig) -> None:
+    from delta.tables import DeltaTable
+
+    detail = (
+        DeltaTable.forPath(spark, path).detail().select("properties", "partitionColumns").first()
+    )
+    properties: Mapping[str, str] = (detail["properties"] if detail else None) or {}
+    partitioning = list(detail["partitionColumns"] or []) if detail else []
+    mirrored = properties.get(BUCKET_PROPERTY)
+    layout_format = properties.get(FORMAT_PROPERTY)
+    if mirrored is None or layout_format is None:
+        raise NotAMirrorError(
+            f"{path} is a Delta table but not a replicator mirror (no {BUCKET_PROPERTY} / "
+            f"{FORMAT_PROPERTY} properties); point the mirror at a new or empty directory"
+        )
+    if mirrored != config.bucket:
+        raise NotAMirrorError(
+            f"{path} is the mirror of bucket {mirrored!r}, not of {config.bucket!r}; "
+            "each bucket needs its own target path"
+        )
+    if partitioning != ["vbucket"]:
+        raise NotAMirrorError(
+            f"{path} claims to mirror {mirrored!r} but is partitioned by {partitioning}, "
+            "not by vbucket; it was not created by replicator"
+        )
+    if layout_format != str(FORMAT_VERSION):
+        raise NotAMirrorError(
+            f"{path} is a mirror in format {layout_format}, this replicator writes format "
+            f"{FORMAT_VERSION}"
+        )
+
+
+def _create_if_missing(
+    spark: SparkSession, path: str, schema: StructType, properties: Mapping[str, str]
+) -> None:
+    from delta.tables import DeltaTable
+
+    if is_delta_table_at(spark, path):
+        return
+    builder = DeltaTable.createIfNotExists(spark).location(path).addColumns(schema)
+    for key, value in properties.items():
+        builder = builder.property(key, value)
+    try:
+        builder.execute()
+    except Exception:
+        if not is_delta_table_at(spark, path):
+            raise
+
+
+def is_delta_table_at(spark: SparkSession, path: str) -> bool:
+    """Whether `path` itself is the root of a Delta table.
+
+    DeltaTable.isDeltaTable also answers True for any directory inside a table, which is
+    exactly where the replicator's own tables live.
+    """
+    from delta.tables import DeltaTable
+
+    return path_exists(spark, f"{path.rstrip('/')}/_delta_log") and DeltaTable.isDeltaTable(
+        spark, path
+    )
+
+
+def _foreign_entries(spark: SparkSession, path: str) -> list[str]:
+    """Names at `path` other than our metadata directory; [] when it does not exist."""
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    hadoop_path = jvm.org.apache.hadoop.fs.Path(path)
+    filesystem = hadoop_path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())  # type: ignore[union-attr]
+    if not filesystem.exists(hadoop_path):
+        return []
+    if not filesystem.getFileStatus(hadoop_path).isDirectory():
+        return [path]
+    names = [str(status.getPath().getName()) for status in filesystem.listStatus(hadoop_path)]
+    return [name for name in names if name != METADATA_DIR]
+
+
+def path_exists(spark: SparkSession, path: str) -> bool:
+    """Whether a file exists, through Hadoop's filesystem (works for local paths and URIs)."""
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    hadoop_path = jvm.org.apache.hadoop.fs.Path(path)
+    filesystem = hadoop_path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())  # type: ignore[union-attr]
+    return bool(filesystem.exists(hadoop_path))

@@ -1,0 +1,208 @@
+"""Rollback on the Delta side: rewind one vbucket by time travel, or signal a full resync."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from chispa import assert_df_equality
+
+from replicator.dcp.positions import FailoverLog, VbucketPosition
+from replicator.delta.checkpoints import CheckpointsTable
+from replicator.delta.executor import CommitExecutor, WriteStrategy
+from replicator.delta.failover_logs import FailoverLogsTable
+from replicator.delta.ownership import OwnerClaim, OwnersTable
+from replicator.delta.rollback import (
+    plan_rollback,
+    replace_vbucket,
+    rollback_vbucket,
+    time_travel_horizon,
+)
+from replicator.delta.schema import MirrorConfig
+from replicator.delta.table import MirrorTable, open_or_create
+from tests.delta.helpers import (
+    UUID,
+    batch,
+    delete,
+    documents,
+    every_version_consistent,
+    state_at,
+    upsert,
+    vbucket_commit,
+)
+
+pytestmark = pytest.mark.spark
+
+NEW_UUID = 0x1234
+FRESH_LOG = FailoverLog.of([(NEW_UUID, 7), (UUID, 0)])
+
+
+@pytest.fixture(scope="module")
+def executor(mirror: MirrorTable, claim: OwnerClaim, owners: OwnersTable) -> CommitExecutor:
+    return CommitExecutor(mirror, claim, owners)
+
+
+def test_rollback_rewrites_only_that_vbucket_to_its_boundary(
+    spark: Any, mirror: MirrorTable, mirror_path: Path, executor: CommitExecutor
+) -> None:
+    start_version = mirror.version()
+    history_20 = [
+        upsert(20, "a", 1),
+        upsert(20, "b", 3),
+        upsert(20, "a", 5, '"a5"'),
+        delete(20, "b", 6),
+    ]
+    history_21 = [upsert(21, "x", 2), upsert(21, "y", 4)]
+    later_20 = [upsert(20, "c", 8), upsert(20, "a", 9, '"a9"')]
+    executor.execute(
+        batch(
+            1,
+            vbucket_commit(20, history_20[:2], seqno=3, first_load=True),
+            vbucket_commit(21, history_21[:1], seqno=2, first_load=True),
+        )
+    )
+    executor.execute(
+        batch(
+            2,
+            vbucket_commit(20, history_20[2:], seqno=6, first_load=False),
+            vbucket_commit(21, history_21[1:], seqno=4, first_load=False),
+        )
+    )
+    executor.execute(batch(3, vbucket_commit(20, later_20, seqno=9, first_load=False)))
+    before_21 = CheckpointsTable.of(mirror).latest([21])[21]
+    rows_21 = mirror.read().where("vbucket = 21")
+    expected_21 = rows_21.collect()
+
+    checkpoints = CheckpointsTable.of(mirror).for_vbucket(20)
+    plan = plan_rollback(checkpoints, 20, 7, horizon=time_travel_horizon(mirror))
+    assert plan.to_seqno == 6
+    outcome = rollback_vbucket(
+        executor, plan, batch_id=4, failover_log=FRESH_LOG, reason="failover on node-2"
+    )
+
+    assert not outcome.full_resync_required and outcome.commit is not None
+    assert outcome.commit.strategy is WriteStrategy.REPLACE
+    assert outcome.position == VbucketPosition.at_boundary(20, UUID, 6)
+    assert documents(mirror, [20]) == {(20, "a", 5, '"a5"')}
+    assert_df_equality(
+        mirror.read().where("vbucket = 21"),
+        spark.createDataFrame(expected_21, mirror.read().schema),
+        ignore_row_order=True,
+    )
+    latest = CheckpointsTable.of(mirror).latest([20, 21])
+    assert latest[20].kind == "rollback"
+    assert latest[20].position == outcome.position
+    assert latest[20].table_version == outcome.commit.table_version
+    assert latest[21] == before_21
+    assert FailoverLogsTable.of(mirror).load([20]) == {20: FRESH_LOG}
+
+    entry = mirror.delta().history(1).first()
+    assert entry is not None and entry["version"] == outcome.commit.table_version
+    metadata = json.loads(entry["userMetadata"])
+    assert metadata["kind"] == "rollback"
+    assert (metadata["vbucket"], metadata["from_seqno"], metadata["to_seqno"]) == (20, 9, 6)
+    assert metadata["failover_log"] == [[NEW_UUID, 7], [UUID, 0]]
+    assert metadata["reason"] == "failover on node-2"
+    assert metadata["batch"] == 4
+    log = mirror_path / "_delta_log" / f"{outcome.commit.table_version:020d}.json"
+    actions = [json.loads(line) for line in log.read_text().splitlines()]
+    data_paths = [a[k]["path"] for a in actions for k in ("add", "remove") if k in a]
+    assert data_paths and all(p.startswith("vbucket=20/") for p in data_paths)
+
+    # Every version holds whole boundaries: vbucket 21 exactly its history's state, vbucket 20
+    # nothing beyond its position (the rollback commit included).
+    in_order = state_at(history_21)
+    problems = every_version_consistent(
+        mirror,
+        lambda vb, position: in_order(vb, position) if vb == 21 else None,
+        vbuckets=[20, 21],
+        from_version=start_version,
+    )
+    assert problems == []
+
+
+def test_replace_vbucket_removes_keys_not_streamed_again(
+    mirror: MirrorTable, executor: CommitExecutor
+) -> None:
+    load = [upsert(22, k, s) for s, k in enumerate("abc", start=1)] + [upsert(23, "keep", 1)]
+    executor.execute(
+        batch(
+            10,
+            vbucket_commit(22, load, seqno=3, first_load=True),
+            vbucket_commit(23, load, seqno=1, first_load=True),
+        )
+    )
+    untouched = documents(mirror, [23])
+    restream = [upsert(22, "a", 10, '"a10"'), upsert(22, "d", 11), delete(22, "x", 12)]
+    commit = replace_vbucket(
+        executor,
+        vbucket_commit(22, restream, seqno=12, first_load=True, uuid=NEW_UUID),
+        batch_id=11,
+        failover_log=FailoverLog.of([(NEW_UUID, 0)]),
+        reason="rollback to 0",
+    )
+    assert commit.kind == "resync" and commit.strategy is WriteStrategy.REPLACE
+    assert documents(mirror, [22]) == {(22, "a", 10, '"a10"'), (22, "d", 11, '{"v":11}')}
+    assert documents(mirror, [23]) == untouched
+    latest = CheckpointsTable.of(mirror).latest([22])[22]
+    assert (latest.kind, latest.position) == (
+        "resync",
+        VbucketPosition.at_boundary(22, NEW_UUID, 12),
+    )
+    assert FailoverLogsTable.of(mirror).load([22]) == {22: FailoverLog.of([(NEW_UUID, 0)])}
+
+
+def test_rollback_past_vacuumed_files_signals_a_full_resync(spark: Any, tmp_path: Path) -> None:
+    mirror = open_or_create(spark, str(tmp_path / "vacuumed"), MirrorConfig("travel"))
+    owners = OwnersTable.of(mirror)
+    claim = owners.claim([1])
+    executor = CommitExecutor(mirror, claim, owners)
+    executor.execute(
+        batch(
+            1, vbucket_commit(1, [upsert(1, "a", 1), upsert(1, "b", 2)], seqno=2, first_load=True)
+        )
+    )
+    # Every row of the first file goes: the file leaves the table and VACUUM may delete it.
+    executor.execute(
+        batch(
+            2,
+            vbucket_commit(
+                1,
+                [delete(1, "a", 3), delete(1, "b", 4), upsert(1, "c", 5)],
+                seqno=5,
+                first_load=False,
+            ),
+        )
+    )
+    vacuum_confs = {
+        "spark.databricks.delta.retentionDurationCheck.enabled": "false",
+        # VACUUM lists files with this many tasks (10000 by default): minutes on two cores.
+        "spark.sql.sources.parallelPartitionDiscovery.parallelism": "2",
+    }
+    for key, value in vacuum_confs.items():
+        spark.conf.set(key, value)
+    try:
+        spark.sql(f"VACUUM delta.`{mirror.layout.data}` RETAIN 0 HOURS")
+    finally:
+        for key in vacuum_confs:
+            spark.conf.unset(key)
+    version_before = mirror.version()
+
+    checkpoints = CheckpointsTable.of(mirror).for_vbucket(1)
+    plan = plan_rollback(checkpoints, 1, 4, horizon=0)  # the configured retention says readable
+    assert plan.to_seqno == 2
+    outcome = rollback_vbucket(executor, plan, batch_id=3, failover_log=FRESH_LOG, reason="t")
+
+    assert outcome.full_resync_required
+    assert outcome.position == VbucketPosition.beginning(1)
+    assert (
+        "can no longer be read" in outcome.reason and "stream the vbucket again" in outcome.reason
+    )
+    assert mirror.version() == version_before
+    assert documents(mirror, [1]) == {(1, "c", 5, '{"v":5}')}
+    assert FailoverLogsTable.of(mirror).load() == {}
+    # VACUUM of the data table leaves the replicator's own tables (under _replicator/) alone.
+    owners.verify(claim)
+    assert len(CheckpointsTable.of(mirror).for_vbucket(1)) == 2

@@ -1,0 +1,76 @@
+"""Creating and reopening a mirror, and refusing paths that hold something else."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from delta.tables import DeltaTable
+
+from replicator.delta.schema import DATA_SCHEMA, MirrorConfig
+from replicator.delta.table import open_or_create
+from replicator.errors import ConfigError, NotAMirrorError
+
+pytestmark = pytest.mark.spark
+
+
+def test_creates_partitioned_data_table_with_properties_and_metadata_tables(
+    spark: Any, tmp_path: Path
+) -> None:
+    path = tmp_path / "travel"
+    mirror = open_or_create(spark, str(path), MirrorConfig("travel"))
+
+    detail = DeltaTable.forPath(spark, str(path)).detail().first()
+    assert detail is not None
+    assert detail["partitionColumns"] == ["vbucket"]
+    properties = detail["properties"]
+    assert properties["replicator.bucket"] == "travel"
+    assert properties["replicator.format"] == "1"
+    assert properties["delta.enableChangeDataFeed"] == "true"
+    assert properties["delta.enableDeletionVectors"] == "true"
+    assert properties["delta.deletedFileRetentionDuration"] == "interval 7 days"
+    assert properties["delta.logRetentionDuration"] == "interval 30 days"
+    assert [(f.name, f.dataType) for f in mirror.read().schema.fields] == [
+        (f.name, f.dataType) for f in DATA_SCHEMA.fields
+    ]
+    for table in ("checkpoints", "failover_logs", "owners"):
+        assert (path / "_replicator" / table / "_delta_log").is_dir(), table
+        assert spark.read.format("delta").load(str(path / "_replicator" / table)).count() == 0
+
+    # Reopening the same mirror creates nothing new.
+    again = open_or_create(spark, str(path), MirrorConfig("travel"))
+    assert again.version() == mirror.version() == 0
+
+
+def test_refuses_a_directory_of_other_files(spark: Any, tmp_path: Path) -> None:
+    (tmp_path / "export.csv").write_text("id,name\n1,x\n")
+    with pytest.raises(
+        NotAMirrorError, match=r"not a Delta table but holds other files \(export.csv\)"
+    ):
+        open_or_create(spark, str(tmp_path), MirrorConfig("travel"))
+    assert not (tmp_path / "_delta_log").exists()
+
+
+def test_refuses_a_delta_table_that_is_not_a_mirror(spark: Any, tmp_path: Path) -> None:
+    spark.range(3).write.format("delta").save(str(tmp_path / "numbers"))
+    with pytest.raises(NotAMirrorError, match="not a replicator mirror"):
+        open_or_create(spark, str(tmp_path / "numbers"), MirrorConfig("travel"))
+
+
+def test_refuses_the_mirror_of_another_bucket(spark: Any, tmp_path: Path) -> None:
+    open_or_create(spark, str(tmp_path / "m"), MirrorConfig("beer-sample"))
+    with pytest.raises(NotAMirrorError, match="mirror of bucket 'beer-sample', not of 'travel'"):
+        open_or_create(spark, str(tmp_path / "m"), MirrorConfig("travel"))
+
+
+def test_unwritable_target_is_a_config_error_without_a_stack_trace(
+    spark: Any, tmp_path: Path
+) -> None:
+    blocker = tmp_path / "plain-file"
+    blocker.write_text("not a directory")
+    with pytest.raises(ConfigError) as caught:
+        open_or_create(spark, str(blocker / "mirror"), MirrorConfig("travel"))
+    message = str(caught.value)
+    assert message.startswith(f"cannot open or create the mirror at {blocker / 'mirror'}: ")
+    assert "\n" not in message and "\tat " not in message
