@@ -32,6 +32,8 @@ LOCAL_DEFAULTS = {
     "spark.driver.bindAddress": "127.0.0.1",
     # Delta rebuilds table state with 50 partitions by default: pure overhead on two cores.
     "spark.databricks.delta.snapshotPartitions": "2",
+    # VACUUM and file listing fan out to 10000 tasks by default.
+    "spark.sql.sources.parallelPartitionDiscovery.parallelism": "2",
 }
 
 

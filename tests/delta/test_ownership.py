@@ -119,3 +119,21 @@ def test_claim_rejects_bad_arguments(mirror: MirrorTable) -> None:
         owners.claim([])
     with pytest.raises(ValueError, match="lease"):
         owners.claim([1], lease=timedelta(0))
+
+
+def test_a_claim_of_a_killed_process_on_this_host_is_taken_over_at_once(
+    mirror: MirrorTable,
+) -> None:
+    import os
+    import subprocess
+    import sys
+
+    owners = OwnersTable.of(mirror, clock=Clock())
+    exited = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                            capture_output=True, text=True, check=True)
+    dead_pid = int(exited.stdout)
+    owners.claim([140, 141], lease=LEASE, host="this-host", pid=dead_pid)
+    owners.claim([141, 142], lease=LEASE, host="this-host", pid=os.getpid())
+    # A live process on the same host still holds its vbuckets, lease or not.
+    with pytest.raises(OwnershipConflict, match="vbuckets 142 held by"):
+        owners.claim([142], lease=LEASE, host="this-host", pid=os.getpid() + 10**6)
