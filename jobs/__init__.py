@@ -1,0 +1,1 @@
+"""Spark jobs: entry points for spark-submit."""

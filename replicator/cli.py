@@ -1,0 +1,237 @@
+"""The `replicator` command: run, status, verify, sim, demo.
+
+A user's mistake (bad config, wrong password, unreachable node, a target that is not a mirror)
+ends with one line on stderr and exit code 2, never a stack trace. `verify` exits 1 when the
+mirror differs from the source. The spark-submit job (jobs/replicate.py) reuses the `run`
+parser and the same error handling through `run_job`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from replicator.errors import ConfigError, ReplicatorError
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from replicator.config import ReplicatorConfig
+
+EXIT_OK = 0
+EXIT_DIFFERENT = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+
+log = logging.getLogger("replicator")
+
+_RUN_FLAGS = (
+    # (flag, config field, type, help)
+    ("--source", "source", str, "couchbase://HOST[:PORT][,HOST2]/BUCKET (couchbases: TLS)"),
+    ("--target", "target", str, "path of the mirror Delta table"),
+    ("--username", "username", str, "user name (password: REPLICATOR_PASSWORD or _FILE)"),
+    ("--vbuckets", "vbuckets", str, "vbuckets this replicator owns: 0-511,600 or shard 1/2"),
+    ("--tls-ca", "tls_ca", str, "CA bundle that signed the server certificates"),
+    ("--memory-budget-mb", "memory_budget_mb", int, "staging memory before spilling to files"),
+    ("--commit-interval-s", "commit_interval_s", float, "longest wait before a group commit"),
+    ("--commit-max-rows", "commit_max_rows", int, "rows that trigger a group commit"),
+    ("--staging-dir", "staging_dir", str, "spill directory (default beside the table)"),
+    ("--progress", "progress", str, "auto, bar, lines or off"),
+)
+
+
+def _add_config_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", help="TOML config file (REPLICATOR_CONFIG)")
+    for flag, field, kind, text in _RUN_FLAGS:
+        parser.add_argument(flag, dest=field, type=kind, default=None, help=text)
+    parser.add_argument(
+        "--allow-plain-over-tcp", dest="allow_plain_over_tcp", action="store_const",
+        const=True, default=None, help="allow SASL PLAIN without TLS (sends the password in clear)",
+    )
+
+
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of `replicator run` (and of `spark-submit jobs/replicate.py`)."""
+    _add_config_flags(parser)
+    parser.add_argument(
+        "--until-caught-up", action="store_true",
+        help="stop once every vbucket has committed the high seqno seen at start",
+    )
+
+
+def config_from_args(
+    args: argparse.Namespace, extra: dict[str, Any] | None = None
+) -> ReplicatorConfig:
+    """The config of parsed flags, merged over the TOML file and the environment."""
+    from replicator.config import load_config
+
+    flags = {field: getattr(args, field, None) for _, field, _, _ in _RUN_FLAGS}
+    flags["allow_plain_over_tcp"] = getattr(args, "allow_plain_over_tcp", None)
+    flags.update(extra or {})
+    return load_config(config_file=args.config, flags=flags)
+
+
+def run_command(args: argparse.Namespace, *, spark: SparkSession | None = None) -> int:
+    """`replicator run`: replicate until stopped (SIGTERM/SIGINT) or caught up."""
+    from replicator.runner import run_replication
+
+    config = config_from_args(
+        args, {"until_caught_up": True if args.until_caught_up else None}
+    )
+    config.require_source_and_target()
+    summary = run_replication(config, spark=spark)
+    print(summary.describe())
+    return EXIT_OK
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    return run_command(args)
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    from replicator.status import read_status
+
+    config = config_from_args(args)
+    if not config.target:
+        raise ConfigError("status needs --target PATH (or set target)")
+    status = read_status(config)
+    print(status.to_json_text() if args.json else status.render())
+    return EXIT_OK
+
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+    from replicator.verify import run_verify
+
+    if args.max_keys < 0:
+        raise ConfigError("--max-keys must not be negative")
+    config = config_from_args(args)
+    config.require_source_and_target()
+    report = run_verify(config)
+    print(report.describe(max_keys=args.max_keys))
+    return EXIT_OK if report.equal else EXIT_DIFFERENT
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from replicator.demo import run_demo
+
+    result: int = run_demo(output_dir=args.output, docs=args.docs, vbuckets=args.vbuckets)
+    return result
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of the `replicator` command and its subcommands."""
+    parser = argparse.ArgumentParser(
+        prog="replicator",
+        description="Mirror a Couchbase bucket into Delta Lake through DCP.",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    run = commands.add_parser("run", help="replicate a bucket into a Delta table")
+    add_run_arguments(run)
+    run.set_defaults(handler=_cmd_run)
+
+    status = commands.add_parser(
+        "status", help="per-vbucket positions, lag and rollbacks",
+        description="Show where the mirror stands. Reads the mirror only; with --source (which "
+        "needs the password) also the lag behind the producer's high seqnos.",
+    )
+    _add_config_flags(status)
+    status.add_argument("--json", action="store_true", help="machine-readable output")
+    status.set_defaults(handler=_cmd_status)
+
+    verify = commands.add_parser(
+        "verify", help="compare the mirror with the source",
+        description="Stream every vbucket of the source up to its high seqno and compare with "
+        "the mirror. Exit 0 when equal, 1 when different, 2 on errors.",
+    )
+    _add_config_flags(verify)
+    verify.add_argument(
+        "--max-keys", type=int, default=10, help="differing keys shown per vbucket (default 10)"
+    )
+    verify.set_defaults(handler=_cmd_verify)
+
+    sim = commands.add_parser("sim", help="serve a simulated bucket (the embedded producer)")
+    from replicator.sim.cli import add_sim_arguments, run_sim
+
+    add_sim_arguments(sim)
+    sim.set_defaults(handler=run_sim)
+
+    demo = commands.add_parser("demo", help="end-to-end demo on the embedded producer")
+    demo.add_argument("--output", default="demo-output", help="where the demo leaves its table")
+    demo.add_argument("--docs", type=int, default=20_000, help="initial documents")
+    demo.add_argument("--vbuckets", type=int, default=64, help="vbuckets of the demo bucket")
+    demo.set_defaults(handler=_cmd_demo)
+    return parser
+
+
+def build_job_parser(prog: str = "replicate.py") -> argparse.ArgumentParser:
+    """The parser of the spark-submit job: the flags of `replicator run`."""
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description="spark-submit entry point: replicate a Couchbase bucket into a Delta table "
+        "(the flags of `replicator run`).",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    add_run_arguments(parser)
+    return parser
+
+
+def _configure_logging(verbose: bool) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+        stream=sys.stderr,
+    )
+    # py4j logs every gateway call at INFO: noise to an operator.
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+
+
+def guarded(action: Callable[[], int]) -> int:
+    """Run a command: a ReplicatorError becomes one line on stderr and exit code 2."""
+    try:
+        return action()
+    except ReplicatorError as exc:
+        print(f"replicator: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `replicator` command; returns the exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _configure_logging(args.verbose)
+    handler: Callable[[argparse.Namespace], int] = args.handler
+    return guarded(lambda: handler(args))
+
+
+def run_job(argv: Sequence[str] | None = None, *, prog: str = "replicate.py") -> int:
+    """Entry point of the spark-submit job: `replicator run` in a session spark-submit set up.
+
+    The session comes from `replicator.spark.build_session`, which keeps spark-submit's master
+    and checks that Delta loads (spark-submit must bring its jars: `--jars` or `--packages`).
+    Configuration and the password are checked before the session starts, so those mistakes
+    fail fast.
+    """
+    args = build_job_parser(prog).parse_args(argv)
+    _configure_logging(args.verbose)
+
+    def job() -> int:
+        from replicator.spark import build_session
+
+        config = config_from_args(args)
+        config.require_source_and_target()
+        config.resolved_password()
+        spark = build_session("replicator")
+        return run_command(args, spark=spark)
+
+    return guarded(job)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

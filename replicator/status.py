@@ -1,0 +1,592 @@
+"""`replicator status`: where a mirror stands, per vbucket, and how far behind the source it is.
+
+Reads the mirror only: it never repairs, claims or writes anything, and needs no password unless
+`--source` asks for the lag. Positions are what recovery would resume from: the newest
+checkpoint of each vbucket, overlaid with data commits whose checkpoint rows were never
+written (a process that died between the two commits).
+
+>>> status = read_status(config, spark=spark)  # doctest: +SKIP
+>>> print(status.render())  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from replicator.config import ReplicatorConfig
+from replicator.dcp.positions import VbucketPosition
+from replicator.errors import ConfigError, NotAMirrorError
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from replicator.delta.checkpoints import Checkpoint
+    from replicator.delta.ownership import OwnerRecord
+    from replicator.delta.table import MirrorTable
+
+FOLD_ABOVE = 64
+"""With more vbuckets than this, runs of vbuckets in identical state print as one range."""
+
+ROLLBACK_KINDS = ("rollback", "resync")
+"""Checkpoint kinds that record a rollback (rewind to a boundary, or a full resync from 0)."""
+
+
+# --- opening a mirror without writing -----------------------------------------------------
+
+
+def open_mirror(spark: SparkSession, target: str, *, bucket: str | None = None) -> MirrorTable:
+    """Open the existing mirror at `target` for reading; never creates anything.
+
+    NotAMirrorError when nothing is there, when it holds something other than a replicator
+    mirror, or (given `bucket`) when it mirrors another bucket.
+    """
+    from delta.tables import DeltaTable
+
+    from replicator.delta.schema import (
+        BUCKET_PROPERTY,
+        FORMAT_PROPERTY,
+        FORMAT_VERSION,
+        MirrorConfig,
+        MirrorLayout,
+    )
+    from replicator.delta.table import (
+        MirrorTable,
+        engine_error_summary,
+        is_delta_table_at,
+        path_exists,
+    )
+
+    layout = MirrorLayout(target)
+    try:
+        if not is_delta_table_at(spark, layout.data):
+            if path_exists(spark, layout.data):
+                raise NotAMirrorError(
+                    f"{target} is not a replicator mirror: it holds no Delta table"
+                )
+            raise NotAMirrorError(
+                f"no mirror at {target}: the path does not exist (run `replicator run` first)"
+            )
+        detail = DeltaTable.forPath(spark, layout.data).detail().select("properties").first()
+    except NotAMirrorError:
+        raise
+    except Exception as exc:
+        raise ConfigError(f"cannot read {target}: {engine_error_summary(exc)}") from None
+    properties: Mapping[str, str] = (detail["properties"] if detail else None) or {}
+    mirrored = properties.get(BUCKET_PROPERTY)
+    layout_format = properties.get(FORMAT_PROPERTY)
+    if mirrored is None or layout_format is None:
+        raise NotAMirrorError(
+            f"{target} is a Delta table but not a replicator mirror (no {BUCKET_PROPERTY} / "
+            f"{FORMAT_PROPERTY} properties)"
+        )
+    if layout_format != str(FORMAT_VERSION):
+        raise NotAMirrorError(
+            f"{target} is a mirror in format {layout_format}; this replicator reads format "
+            f"{FORMAT_VERSION}"
+        )
+    if bucket is not None and mirrored != bucket:
+        raise NotAMirrorError(
+            f"{target} is the mirror of bucket {mirrored!r}, not of {bucket!r}"
+        )
+    return MirrorTable(spark, layout, MirrorConfig(mirrored))
+
+
+def committed_checkpoints(mirror: MirrorTable) -> dict[int, Checkpoint]:
+    """Each vbucket's committed boundary as recovery would see it, read-only.
+
+    The newest checkpoint row per vbucket, replaced by any newer data commit that has no
+    checkpoint rows yet (the data table is the point of truth).
+    """
+    from replicator.delta.checkpoints import Checkpoint, CheckpointsTable
+    from replicator.delta.table import is_delta_table_at
+
+    checkpoints = CheckpointsTable.of(mirror)
+    if not is_delta_table_at(mirror.spark, checkpoints.path):
+        latest: dict[int, Checkpoint] = {}
+        floors: dict[str, int] = {}
+    else:
+        latest = checkpoints.latest()
+        floors = checkpoints.newest_versions_by_owner()
+    for record in mirror.commits_after(floors):
+        metadata = record.metadata
+        for vbucket, position in metadata.positions.items():
+            known = latest.get(vbucket)
+            if known is None or known.table_version < record.version:
+                latest[vbucket] = Checkpoint(
+                    owner_id=metadata.owner_id,
+                    batch_id=metadata.batch_id,
+                    table_version=record.version,
+                    kind=metadata.kind,
+                    position=position,
+                    committed_at=record.timestamp,
+                )
+    return latest
+
+
+# --- the status values --------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RollbackRecord:
+    """One rollback of a vbucket as the mirror recorded it.
+
+    `kind` is `rollback` (rewound to the committed boundary `to_seqno`) or `resync` (streamed
+    again from 0). `from_seqno` and `reason` come from the data commit's metadata, None when
+    that commit's log entry was already cleaned up.
+    """
+
+    kind: str
+    at: datetime
+    table_version: int
+    to_seqno: int
+    from_seqno: int | None = None
+    reason: str | None = None
+
+    def describe(self) -> str:
+        moved = f"{self.from_seqno}->{self.to_seqno}" if self.from_seqno is not None else (
+            f"to {self.to_seqno}"
+        )
+        return f"{self.kind} {moved} at {format_time(self.at)}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "at": self.at.isoformat(),
+            "table_version": self.table_version,
+            "from_seqno": self.from_seqno,
+            "to_seqno": self.to_seqno,
+            "reason": self.reason,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class VbucketStatus:
+    """Where one vbucket of the mirror stands (and, with a source, how far behind it is)."""
+
+    vbucket: int
+    position: VbucketPosition | None
+    committed_at: datetime | None = None
+    table_version: int | None = None
+    owner_id: str | None = None
+    rollbacks: int = 0
+    last_rollback: RollbackRecord | None = None
+    source_high_seqno: int | None = None
+
+    @property
+    def seqno(self) -> int:
+        """The committed seqno (0 when nothing is committed)."""
+        return 0 if self.position is None else self.position.seqno
+
+    @property
+    def mirrored(self) -> bool:
+        return self.position is not None
+
+    @property
+    def lag(self) -> int | None:
+        """Seqnos the mirror is behind the source's high seqno; negative when ahead of it."""
+        if self.source_high_seqno is None:
+            return None
+        return self.source_high_seqno - self.seqno
+
+    def cells(self, *, with_source: bool) -> tuple[str, ...]:
+        """The table cells after the vbucket column."""
+        cells: tuple[str, ...] = (
+            str(self.seqno) if self.mirrored else "-",
+            str(self.position.vbucket_uuid) if self.position is not None else "-",
+            format_time(self.committed_at) if self.committed_at is not None else "-",
+            str(self.rollbacks),
+            self.last_rollback.describe() if self.last_rollback is not None else "-",
+        )
+        if with_source:
+            cells += (
+                str(self.source_high_seqno) if self.source_high_seqno is not None else "-",
+                str(self.lag) if self.lag is not None else "-",
+            )
+        return cells
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "vbucket": self.vbucket,
+            "seqno": self.seqno,
+            "mirrored": self.mirrored,
+            "vbucket_uuid": self.position.vbucket_uuid if self.position is not None else None,
+            "last_commit": self.committed_at.isoformat() if self.committed_at else None,
+            "table_version": self.table_version,
+            "owner": self.owner_id,
+            "rollbacks": self.rollbacks,
+            "last_rollback": self.last_rollback.to_json() if self.last_rollback else None,
+            "source_high_seqno": self.source_high_seqno,
+            "lag": self.lag,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class OwnerStatus:
+    """A claim in the owners table, and whether its lease is current."""
+
+    owner_id: str
+    vbuckets: int
+    host: str
+    pid: int
+    heartbeat_at: datetime
+    live: bool
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "owner": self.owner_id,
+            "vbuckets": self.vbuckets,
+            "host": self.host,
+            "pid": self.pid,
+            "heartbeat_at": self.heartbeat_at.isoformat(),
+            "live": self.live,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class MirrorStatus:
+    """The whole answer of `replicator status`."""
+
+    target: str
+    bucket: str
+    table_version: int
+    checked_at: datetime
+    vbuckets: tuple[VbucketStatus, ...]
+    owners: tuple[OwnerStatus, ...] = ()
+    with_source: bool = False
+
+    @property
+    def vbuckets_mirrored(self) -> int:
+        return sum(1 for vb in self.vbuckets if vb.mirrored)
+
+    @property
+    def seqnos_committed(self) -> int:
+        return sum(vb.seqno for vb in self.vbuckets)
+
+    @property
+    def last_commit(self) -> datetime | None:
+        times = [vb.committed_at for vb in self.vbuckets if vb.committed_at is not None]
+        return max(times) if times else None
+
+    @property
+    def rollbacks(self) -> int:
+        return sum(vb.rollbacks for vb in self.vbuckets)
+
+    @property
+    def owners_live(self) -> int:
+        return sum(1 for owner in self.owners if owner.live)
+
+    @property
+    def lag(self) -> int | None:
+        """Total seqnos behind the source (vbuckets ahead of it count 0), None without one."""
+        if not self.with_source:
+            return None
+        return sum(max(vb.lag or 0, 0) for vb in self.vbuckets)
+
+    @property
+    def vbuckets_behind(self) -> int:
+        return sum(1 for vb in self.vbuckets if (vb.lag or 0) > 0)
+
+    def summary(self) -> str:
+        """The first line: the mirror in numbers."""
+        last = self.last_commit
+        text = (
+            f"mirror of bucket {self.bucket!r} at {self.target} (table version "
+            f"{self.table_version}): {self.vbuckets_mirrored} of {len(self.vbuckets)} vbuckets "
+            f"mirrored, {self.seqnos_committed} seqnos committed, last commit "
+            f"{format_time(last) if last is not None else 'never'}, rollbacks {self.rollbacks}, "
+            f"owners live {self.owners_live}"
+        )
+        if self.with_source:
+            text += f", lag {self.lag} seqnos in {self.vbuckets_behind} vbuckets"
+        return text
+
+    def render(self, *, fold: bool | None = None) -> str:
+        """Summary line, live owners, then an aligned table of vbuckets.
+
+        `fold` merges consecutive vbuckets in identical state into one row (`0-511`); by
+        default only when there are more than FOLD_ABOVE vbuckets.
+        """
+        lines = [self.summary()]
+        for owner in self.owners:
+            if owner.live:
+                lines.append(
+                    f"  owner {owner.owner_id} ({owner.vbuckets} vbuckets) on {owner.host} pid "
+                    f"{owner.pid}, last heartbeat {format_time(owner.heartbeat_at)}"
+                )
+        header: tuple[str, ...] = (
+            "vbucket", "seqno", "vbucket uuid", "last commit", "rollbacks", "last rollback"
+        )
+        if self.with_source:
+            header += ("source high", "lag")
+        rows = [
+            (label, *cells)
+            for label, cells in _rows(
+                self.vbuckets,
+                with_source=self.with_source,
+                fold=len(self.vbuckets) > FOLD_ABOVE if fold is None else fold,
+            )
+        ]
+        if rows:
+            lines.append("")
+            lines.extend(align_columns([header, *rows], numeric=_numeric_columns(header)))
+        else:
+            lines.append("no vbucket has committed anything yet")
+        return "\n".join(lines)
+
+    def to_json(self) -> dict[str, Any]:
+        last = self.last_commit
+        return {
+            "target": self.target,
+            "bucket": self.bucket,
+            "table_version": self.table_version,
+            "checked_at": self.checked_at.isoformat(),
+            "summary": {
+                "vbuckets": len(self.vbuckets),
+                "vbuckets_mirrored": self.vbuckets_mirrored,
+                "seqnos_committed": self.seqnos_committed,
+                "last_commit": last.isoformat() if last is not None else None,
+                "rollbacks": self.rollbacks,
+                "owners_live": self.owners_live,
+                "lag": self.lag,
+                "vbuckets_behind": self.vbuckets_behind if self.with_source else None,
+            },
+            "vbuckets": [vb.to_json() for vb in self.vbuckets],
+            "owners": [owner.to_json() for owner in self.owners],
+        }
+
+    def to_json_text(self) -> str:
+        return json.dumps(self.to_json(), indent=2)
+
+
+def format_time(moment: datetime) -> str:
+    """UTC, to the second: `2026-01-31 12:00:05Z`."""
+    from datetime import UTC
+
+    utc = moment.astimezone(UTC) if moment.tzinfo is not None else moment
+    return utc.strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def align_columns(rows: Sequence[Sequence[str]], *, numeric: Iterable[int] = ()) -> list[str]:
+    """Rows of cells as lines with aligned columns; `numeric` columns are right-aligned."""
+    right = set(numeric)
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = []
+    for row in rows:
+        cells = [
+            cell.rjust(widths[i]) if i in right else cell.ljust(widths[i])
+            for i, cell in enumerate(row)
+        ]
+        lines.append("  ".join(cells).rstrip())
+    return lines
+
+
+def _numeric_columns(header: Sequence[str]) -> list[int]:
+    numeric = {"vbucket", "seqno", "vbucket uuid", "rollbacks", "source high", "lag"}
+    return [i for i, name in enumerate(header) if name in numeric]
+
+
+def _rows(
+    vbuckets: Sequence[VbucketStatus], *, with_source: bool, fold: bool
+) -> list[tuple[str, tuple[str, ...]]]:
+    rows: list[tuple[str, tuple[str, ...]]] = []
+    run_start = run_end = -1
+    run_cells: tuple[str, ...] | None = None
+    for vb in sorted(vbuckets, key=lambda v: v.vbucket):
+        cells = vb.cells(with_source=with_source)
+        if fold and cells == run_cells and vb.vbucket == run_end + 1:
+            run_end = vb.vbucket
+            continue
+        if run_cells is not None:
+            rows.append((_range_label(run_start, run_end), run_cells))
+        run_start = run_end = vb.vbucket
+        run_cells = cells
+    if run_cells is not None:
+        rows.append((_range_label(run_start, run_end), run_cells))
+    return rows
+
+
+def _range_label(first: int, last: int) -> str:
+    return str(first) if first == last else f"{first}-{last}"
+
+
+# --- reading ------------------------------------------------------------------------------
+
+
+def rollback_history(
+    mirror: MirrorTable, checkpoints: Mapping[int, Checkpoint] | None = None
+) -> dict[int, tuple[int, RollbackRecord]]:
+    """vbucket -> (number of rollbacks, the newest one), from checkpoint rows and commits.
+
+    `checkpoints` are the committed boundaries (committed_checkpoints); a newest boundary of a
+    rollback kind that has no checkpoint row yet is counted too.
+    """
+    from pyspark.sql import functions as F
+
+    from replicator.delta.checkpoints import CheckpointsTable
+    from replicator.delta.schema import CommitMetadata
+    from replicator.delta.table import as_utc, is_delta_table_at
+
+    seen: dict[int, dict[int, RollbackRecord]] = {}
+    table = CheckpointsTable.of(mirror)
+    if is_delta_table_at(mirror.spark, table.path):
+        rows = (
+            table.read()
+            .where(F.col("kind").isin(list(ROLLBACK_KINDS)))
+            .select("vbucket", "kind", "table_version", "seqno", "committed_at")
+            .collect()
+        )
+        for row in rows:
+            seen.setdefault(int(row["vbucket"]), {})[int(row["table_version"])] = RollbackRecord(
+                kind=str(row["kind"]),
+                at=as_utc(row["committed_at"]),
+                table_version=int(row["table_version"]),
+                to_seqno=int(row["seqno"]),
+            )
+    for vbucket, checkpoint in (checkpoints or {}).items():
+        if checkpoint.kind in ROLLBACK_KINDS:
+            seen.setdefault(vbucket, {}).setdefault(
+                checkpoint.table_version,
+                RollbackRecord(
+                    checkpoint.kind, checkpoint.committed_at, checkpoint.table_version,
+                    checkpoint.seqno,
+                ),
+            )
+    newest = {vb: records[max(records)] for vb, records in seen.items()}
+    details: dict[int, Mapping[str, Any]] = {}
+    versions = sorted({record.table_version for record in newest.values()})
+    if versions:
+        history = mirror.delta().history().where(F.col("version").isin(versions))
+        for row in history.select("version", "userMetadata").collect():
+            metadata = CommitMetadata.from_json(row["userMetadata"])
+            if metadata is not None:
+                details[int(row["version"])] = metadata.details
+    result = {}
+    for vbucket, record in newest.items():
+        facts = details.get(record.table_version, {})
+        from_seqno = facts.get("from_seqno")
+        reason = facts.get("reason")
+        result[vbucket] = (
+            len(seen[vbucket]),
+            replace(
+                record,
+                from_seqno=int(from_seqno) if from_seqno is not None else None,
+                reason=str(reason) if reason is not None else None,
+            ),
+        )
+    return result
+
+
+def owner_statuses(mirror: MirrorTable, now: datetime) -> tuple[OwnerStatus, ...]:
+    """The claims in the mirror's owners table, live or stale at `now`."""
+    from replicator.delta.ownership import OwnersTable
+    from replicator.delta.table import is_delta_table_at
+
+    owners = OwnersTable.of(mirror)
+    if not is_delta_table_at(mirror.spark, owners.path):
+        return ()
+    records: list[OwnerRecord] = owners.records()
+    return tuple(
+        OwnerStatus(
+            owner_id=record.owner_id,
+            vbuckets=len(record.vbuckets),
+            host=record.host,
+            pid=record.pid,
+            heartbeat_at=record.heartbeat_at,
+            live=record.is_live(now),
+        )
+        for record in sorted(records, key=lambda r: r.owner_id)
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class SourceSeqnos:
+    """What the producer says: its bucket, vbucket count and each active vbucket's high seqno."""
+
+    bucket: str
+    num_vbuckets: int
+    high_seqnos: Mapping[int, int]
+
+
+def read_source_seqnos(config: ReplicatorConfig) -> SourceSeqnos:
+    """Connect to `config.source` and read every vbucket's high seqno."""
+    from replicator.runner import connect_source
+
+    client = connect_source(config)
+    try:
+        return SourceSeqnos(client.bucket, client.cluster_map.num_vbuckets, client.high_seqnos())
+    finally:
+        client.close()
+
+
+def selected_vbuckets(
+    config: ReplicatorConfig, known: Iterable[int], num_vbuckets: int | None
+) -> tuple[int, ...] | None:
+    """The vbuckets `--vbuckets` asks for, None for all of them."""
+    selection = config.vbuckets
+    if selection.shard is None and not selection.ranges:
+        return None
+    if num_vbuckets is None:
+        if selection.shard is not None:
+            raise ConfigError(
+                f"--vbuckets {selection} is a shard: give --source too, so the bucket's vbucket "
+                "count is known"
+            )
+        num_vbuckets = max([*known, *(high for _, high in selection.ranges)]) + 1
+    return selection.resolve(num_vbuckets)
+
+
+def read_status(
+    config: ReplicatorConfig,
+    *,
+    spark: SparkSession | None = None,
+    now: datetime | None = None,
+) -> MirrorStatus:
+    """Read the mirror at `config.target` (and, with `config.source`, the producer's seqnos)."""
+    from replicator.delta.table import now_utc
+
+    if not config.target:
+        raise ConfigError("status needs a target: pass --target PATH")
+    source = read_source_seqnos(config) if config.source else None
+    if spark is None:
+        from replicator.spark import build_session
+
+        spark = build_session("replicator-status")
+    mirror = open_mirror(spark, config.target, bucket=source.bucket if source else None)
+    checked_at = now or now_utc()
+    checkpoints = committed_checkpoints(mirror)
+    rollbacks = rollback_history(mirror, checkpoints)
+    known = set(checkpoints) | set(rollbacks)
+    if source is not None:
+        known |= set(range(source.num_vbuckets))
+    wanted = selected_vbuckets(config, known, source.num_vbuckets if source else None)
+    if wanted is not None:
+        known &= set(wanted)
+    vbuckets = []
+    for vbucket in sorted(known):
+        checkpoint = checkpoints.get(vbucket)
+        count, last = rollbacks.get(vbucket, (0, None))
+        vbuckets.append(
+            VbucketStatus(
+                vbucket=vbucket,
+                position=checkpoint.position if checkpoint is not None else None,
+                committed_at=checkpoint.committed_at if checkpoint is not None else None,
+                table_version=checkpoint.table_version if checkpoint is not None else None,
+                owner_id=checkpoint.owner_id if checkpoint is not None else None,
+                rollbacks=count,
+                last_rollback=last,
+                source_high_seqno=source.high_seqnos.get(vbucket) if source else None,
+            )
+        )
+    return MirrorStatus(
+        target=config.target,
+        bucket=mirror.config.bucket,
+        table_version=mirror.version(),
+        checked_at=checked_at,
+        vbuckets=tuple(vbuckets),
+        owners=owner_statuses(mirror, checked_at),
+        with_source=source is not None,
+    )

@@ -1,0 +1,82 @@
+"""Tests of the operator commands, run as an operator would: in subprocesses, against the
+embedded producer on 127.0.0.1, the password only in the environment.
+
+Shared by this package's modules: how to run the command and what a user error must look like.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+PASSWORD = "Tr1cky-Pa55-7741"
+"""The simulated cluster's password: no output may ever contain it."""
+
+_KEPT_ENV = ("REPLICATOR_JAR_CACHE", "REPLICATOR_DELTA_JARS")
+"""Settings of the test machine itself that the commands under test still need."""
+
+
+def replicator_command() -> list[str]:
+    """The installed `replicator` script beside this interpreter, else `python -m`."""
+    script = Path(sys.executable).parent / "replicator"
+    return [str(script)] if script.exists() else [sys.executable, "-m", "replicator.cli"]
+
+
+def clean_env(password: str | None = PASSWORD, **extra: str) -> dict[str, str]:
+    """This environment without REPLICATOR_* settings, plus the password and `extra`."""
+    env = {
+        name: value
+        for name, value in os.environ.items()
+        if not name.startswith("REPLICATOR_") or name in _KEPT_ENV
+    }
+    if password is not None:
+        env["REPLICATOR_PASSWORD"] = password
+    env.update(extra)
+    return env
+
+
+@dataclass(frozen=True)
+class CliRun:
+    """A finished command: exit code and what it printed."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+    @property
+    def output(self) -> str:
+        return self.stdout + self.stderr
+
+
+def run_cli(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 120.0
+) -> CliRun:
+    """Run `replicator ARGS` to completion."""
+    completed = subprocess.run(
+        [*replicator_command(), *args],
+        env=clean_env() if env is None else env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO,
+        check=False,
+    )
+    return CliRun(completed.returncode, completed.stdout, completed.stderr)
+
+
+def assert_one_line_error(stderr: str, *fragments: str) -> str:
+    """The command failed with exactly one `replicator: ...` line, its last, and no traceback.
+
+    Returns that line; it must contain every fragment.
+    """
+    assert "Traceback" not in stderr, stderr
+    errors = [line for line in stderr.splitlines() if line.startswith("replicator:")]
+    assert len(errors) == 1, stderr
+    assert stderr.strip().splitlines()[-1] == errors[0], stderr
+    for fragment in fragments:
+        assert fragment in errors[0], errors[0]
+    return errors[0]

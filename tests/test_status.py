@@ -1,0 +1,236 @@
+"""`replicator status`: reading a mirror's positions and rollbacks, and showing them."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from replicator.config import ReplicatorConfig, VbucketSelection
+from replicator.dcp.positions import VbucketPosition
+from replicator.errors import ConfigError, NotAMirrorError
+from replicator.status import (
+    MirrorStatus,
+    OwnerStatus,
+    RollbackRecord,
+    VbucketStatus,
+    align_columns,
+    selected_vbuckets,
+)
+
+T0 = datetime(2026, 1, 31, 12, 0, 5, tzinfo=UTC)
+T1 = datetime(2026, 1, 31, 12, 30, 0, tzinfo=UTC)
+
+
+def vb_status(vb: int, seqno: int | None, *, high: int | None = None, **kw: Any) -> VbucketStatus:
+    position = None if seqno is None else VbucketPosition.at_boundary(vb, 1000 + vb, seqno)
+    committed = kw.pop("committed_at", T0 if seqno is not None else None)
+    return VbucketStatus(vb, position, committed_at=committed, source_high_seqno=high, **kw)
+
+
+def status_of(*vbuckets: VbucketStatus, with_source: bool = False, **kw: Any) -> MirrorStatus:
+    return MirrorStatus(
+        target="/lake/travel", bucket="travel", table_version=9, checked_at=T1,
+        vbuckets=tuple(vbuckets), with_source=with_source, **kw,
+    )
+
+
+# --- showing it -----------------------------------------------------------------------------
+
+
+def test_summary_line_adds_up_the_vbuckets_and_owners() -> None:
+    rollback = RollbackRecord("rollback", T1, 7, to_seqno=40, from_seqno=55, reason="failover")
+    status = status_of(
+        vb_status(0, 120, high=130),
+        vb_status(1, 40, high=40, rollbacks=2, last_rollback=rollback, committed_at=T1),
+        vb_status(2, None, high=5),
+        with_source=True,
+        owners=(
+            OwnerStatus("vb0-1", 2, "db1", 11, T1, live=True),
+            OwnerStatus("old", 1, "db2", 12, T0, live=False),
+        ),
+    )
+    assert status.summary() == (
+        "mirror of bucket 'travel' at /lake/travel (table version 9): 2 of 3 vbuckets mirrored, "
+        "160 seqnos committed, last commit 2026-01-31 12:30:00Z, rollbacks 2, owners live 1, "
+        "lag 15 seqnos in 2 vbuckets"
+    )
+    lines = status.render().splitlines()
+    assert lines[0] == status.summary()
+    assert lines[1].startswith("  owner vb0-1 (2 vbuckets) on db1 pid 11")
+    assert not any("owner old" in line for line in lines)
+    header, *rows = lines[3:]
+    assert header.split() == [
+        "vbucket", "seqno", "vbucket", "uuid", "last", "commit", "rollbacks", "last", "rollback",
+        "source", "high", "lag",
+    ]
+    assert rows[1].split()[:2] == ["1", "40"]
+    assert "rollback 55->40 at 2026-01-31 12:30:00Z" in rows[1]
+    assert rows[2].split() == ["2", "-", "-", "-", "0", "-", "5", "5"]
+    # Aligned: every column starts at the same offset on every line.
+    lag_column = header.index("lag")
+    assert {row[lag_column:].strip() for row in rows} == {"10", "0", "5"}
+    assert len({len(line) for line in [header, *rows]}) == 1
+
+
+def test_a_mirror_ahead_of_the_source_shows_negative_lag_but_adds_none() -> None:
+    status = status_of(vb_status(0, 50, high=45), vb_status(1, 10, high=12), with_source=True)
+    assert [vb.lag for vb in status.vbuckets] == [-5, 2]
+    assert status.lag == 2 and status.vbuckets_behind == 1
+
+
+def test_without_a_source_there_is_no_lag_column() -> None:
+    status = status_of(vb_status(0, 50))
+    assert status.lag is None
+    assert "lag" not in status.summary()
+    assert "source high" not in status.render()
+
+
+def test_many_vbuckets_in_identical_state_fold_into_ranges() -> None:
+    vbuckets = [vb_status(vb, None, high=0) for vb in range(100)]
+    vbuckets[50] = vb_status(50, 7, high=7)
+    status = status_of(*vbuckets, with_source=True)
+    labels = [line.split()[0] for line in status.render().splitlines()[3:]]
+    assert labels == ["0-49", "50", "51-99"]
+    unfolded = status.render(fold=False).splitlines()[3:]
+    assert len(unfolded) == 100
+
+
+def test_json_has_the_summary_and_every_vbucket() -> None:
+    rollback = RollbackRecord("resync", T1, 7, to_seqno=0)
+    status = status_of(
+        vb_status(0, 120, high=130), vb_status(1, 3, rollbacks=1, last_rollback=rollback),
+        with_source=True,
+    )
+    document = json.loads(status.to_json_text())
+    assert document["summary"] == {
+        "vbuckets": 2, "vbuckets_mirrored": 2, "seqnos_committed": 123,
+        "last_commit": T0.isoformat(), "rollbacks": 1, "owners_live": 0, "lag": 10,
+        "vbuckets_behind": 1,
+    }
+    first, second = document["vbuckets"]
+    assert (first["vbucket"], first["seqno"], first["vbucket_uuid"], first["lag"]) == (
+        0, 120, 1000, 10
+    )
+    assert second["last_rollback"]["kind"] == "resync"
+    assert second["last_rollback"]["from_seqno"] is None
+
+
+def test_align_columns_pads_left_or_right() -> None:
+    assert align_columns([("a", "1"), ("bbb", "22")], numeric=[1]) == ["a     1", "bbb  22"]
+
+
+def test_vbucket_selection_of_status() -> None:
+    config = ReplicatorConfig(target="/t")
+    assert selected_vbuckets(config, {1, 2}, None) is None
+    ranged = ReplicatorConfig(target="/t", vbuckets=VbucketSelection.parse("2-3"))
+    assert selected_vbuckets(ranged, {0, 1}, None) == (2, 3)
+    shard = ReplicatorConfig(target="/t", vbuckets=VbucketSelection.parse("2/2"))
+    assert selected_vbuckets(shard, {0}, 8) == (4, 5, 6, 7)
+    with pytest.raises(ConfigError, match="--source"):
+        selected_vbuckets(shard, {0}, None)
+
+
+# --- reading a real mirror ------------------------------------------------------------------
+
+
+class Crash(Exception):
+    """Raised by the fault hook: the process 'dies' between a data commit and its checkpoint."""
+
+
+@pytest.mark.spark
+def test_status_reads_positions_rollbacks_and_uncheckpointed_commits(
+    spark: Any, tmp_path: Path
+) -> None:
+    from replicator.delta.executor import CommitExecutor
+    from replicator.delta.ownership import OwnersTable
+    from replicator.delta.schema import ROLLBACK, MirrorConfig
+    from replicator.delta.table import open_or_create
+    from replicator.status import read_status
+    from tests.delta.helpers import UUID, batch, upsert, vbucket_commit
+
+    target = str(tmp_path / "mirror")
+    mirror = open_or_create(spark, target, MirrorConfig("travel"))
+    owners = OwnersTable.of(mirror)
+    claim = owners.claim(range(4), "status-writer")
+    crash_after_data = {"on": False}
+
+    def fault(step: str) -> None:
+        if crash_after_data["on"] and step == "after_data_commit":
+            raise Crash(step)
+
+    executor = CommitExecutor(mirror, claim, owners, fault_hook=fault)
+    changes = [upsert(0, "a", 1), upsert(0, "b", 2), upsert(1, "x", 3)]
+    loaded = executor.execute(batch(1,
+        vbucket_commit(0, changes, seqno=2, first_load=True),
+        vbucket_commit(1, changes, seqno=3, first_load=True),
+    ))
+    executor.execute(batch(2, vbucket_commit(
+        0, [upsert(0, "c", 5)], seqno=5, first_load=False, previous_seqno=2,
+    )))
+    executor.replace_rows(
+        0, mirror.read(loaded.commits[0].table_version), VbucketPosition.at_boundary(0, UUID, 2),
+        batch_id=3, kind=ROLLBACK,
+        details={"from_seqno": 5, "to_seqno": 2, "reason": "producer requested rollback"},
+    )
+    crash_after_data["on"] = True
+    with pytest.raises(Crash):
+        executor.execute(batch(4, vbucket_commit(
+            1, [upsert(1, "y", 7)], seqno=7, first_load=False, previous_seqno=3,
+        )))
+
+    status = read_status(ReplicatorConfig(target=target), spark=spark)
+
+    assert status.bucket == "travel" and not status.with_source
+    by_vb = {vb.vbucket: vb for vb in status.vbuckets}
+    assert sorted(by_vb) == [0, 1]
+    assert by_vb[0].seqno == 2 and by_vb[0].position is not None
+    assert by_vb[0].position.vbucket_uuid == UUID
+    assert by_vb[0].rollbacks == 1
+    last = by_vb[0].last_rollback
+    assert last is not None
+    assert (last.kind, last.from_seqno, last.to_seqno) == ("rollback", 5, 2)
+    assert last.reason == "producer requested rollback"
+    # The crashed batch's data commit is the truth even though its checkpoint is missing.
+    assert by_vb[1].seqno == 7 and by_vb[1].rollbacks == 0
+    assert by_vb[1].table_version == status.table_version
+    assert status.seqnos_committed == 9 and status.rollbacks == 1
+    assert status.owners_live == 1 and status.owners[0].owner_id == "status-writer"
+    assert status.render().splitlines()[0] == status.summary()
+
+    selected = read_status(
+        ReplicatorConfig(target=target, vbuckets=VbucketSelection.parse("1")), spark=spark
+    )
+    assert [vb.vbucket for vb in selected.vbuckets] == [1]
+
+    owners.release(claim)
+    assert read_status(ReplicatorConfig(target=target), spark=spark).owners_live == 0
+
+
+@pytest.mark.spark
+def test_open_mirror_refuses_what_is_not_a_mirror(spark: Any, tmp_path: Path) -> None:
+    from replicator.delta.schema import MirrorConfig
+    from replicator.delta.table import open_or_create
+    from replicator.status import open_mirror
+
+    with pytest.raises(NotAMirrorError, match="does not exist"):
+        open_mirror(spark, str(tmp_path / "nothing"))
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    (plain / "notes.txt").write_text("hello")
+    with pytest.raises(NotAMirrorError, match="holds no Delta table"):
+        open_mirror(spark, str(plain))
+    foreign = str(tmp_path / "foreign")
+    spark.range(2).write.format("delta").save(foreign)
+    with pytest.raises(NotAMirrorError, match="not a replicator mirror"):
+        open_mirror(spark, foreign)
+    other = str(tmp_path / "other")
+    open_or_create(spark, other, MirrorConfig("beer-sample"))
+    assert open_mirror(spark, other).config.bucket == "beer-sample"
+    with pytest.raises(NotAMirrorError, match="'beer-sample', not of 'travel'"):
+        open_mirror(spark, other, bucket="travel")
+    # Reading never creates anything.
+    assert not (tmp_path / "nothing").exists()
