@@ -132,6 +132,8 @@ class ReplicationSummary:
     full_resyncs: int
     seconds: float
     caught_up: bool
+    spilled_bytes: int = 0
+    peak_buffered_bytes: int = 0
 
     def describe(self) -> str:
         rate = self.items_committed / self.seconds if self.seconds > 0 else 0.0
@@ -139,7 +141,9 @@ class ReplicationSummary:
         return (
             f"{state}: {self.items_committed} changes in {self.commits} commits over "
             f"{self.vbuckets} vbuckets in {self.seconds:.1f}s ({rate:,.0f}/s); "
-            f"rollbacks {self.rollbacks}, full resyncs {self.full_resyncs}"
+            f"rollbacks {self.rollbacks}, full resyncs {self.full_resyncs}; "
+            f"peak staged in memory {self.peak_buffered_bytes / 2**20:.1f} MiB, "
+            f"spilled {self.spilled_bytes / 2**20:.1f} MiB"
         )
 
 
@@ -175,6 +179,8 @@ class Replication:
         self._state: dict[int, VbucketProgress] = {}
         self._pending_logs: dict[int, FailoverLog] = {}
         self._next_batch_id = 0
+        self._requested_targets: dict[int, int] | None = None
+        self._targets_lock = threading.Lock()
         self.stats = ReplicationStats()
 
     # --- lifecycle ---------------------------------------------------------------------
@@ -192,6 +198,25 @@ class Replication:
         for state in self._state.values():
             self._open(state)
 
+    def request_catch_up(self, targets: Mapping[int, int]) -> None:
+        """Ask a continuous run to stop once every vbucket committed `targets` (thread-safe).
+
+        Vbuckets missing from `targets` are held to their current high point, 0 when unknown.
+        """
+        with self._targets_lock:
+            self._requested_targets = dict(targets)
+
+    def _apply_requested_targets(self) -> None:
+        with self._targets_lock:
+            requested, self._requested_targets = self._requested_targets, None
+        if requested is None:
+            return
+        self._targets = {vb: requested.get(vb, 0) for vb in self._state}
+        for vb, state in self._state.items():
+            state.target_seqno = self._targets[vb]
+            if state.caught_up and state.streaming:
+                self._source.close_stream(vb)
+
     def committed_position(self, vbucket: int) -> tuple[VbucketPosition, FailoverLog | None]:
         """Where a stream resumes after a non-final end: the committed boundary.
 
@@ -206,6 +231,7 @@ class Replication:
         self.start()
         last_heartbeat = self._clock()
         while not stop.is_set() and not self.all_caught_up():
+            self._apply_requested_targets()
             self.step(poll_timeout=self._poll_timeout())
             now = self._clock()
             if now - last_heartbeat >= self._heartbeat_interval:
@@ -242,6 +268,8 @@ class Replication:
             full_resyncs=self.stats.full_resyncs,
             seconds=self._clock() - self.stats.started_at,
             caught_up=self.all_caught_up(),
+            spilled_bytes=self._staging.stager.spilled_bytes_total,
+            peak_buffered_bytes=self._staging.stager.peak_buffered_bytes,
         )
 
     def positions(self) -> dict[int, VbucketPosition]:

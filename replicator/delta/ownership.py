@@ -128,6 +128,8 @@ class OwnersTable:
         self.path = path
         self._clock = clock
         self._step_hook = step_hook
+        self._safe_until: dict[str, datetime] = {}
+        """Per claim: until when no rival can have taken it over (its lease, with a margin)."""
 
     @classmethod
     def of(
@@ -196,11 +198,13 @@ class OwnersTable:
                         f"kept claiming at the same time ({engine_error_summary(exc)})"
                     ) from None
         self._withdraw_if_beaten(claim)
+        self._confirmed(claim, self._clock())
         return claim
 
     def heartbeat(self, claim: OwnerClaim) -> None:
         """Renew the claim's lease; OwnershipConflict if it was taken over or released."""
-        micros = _micros(self._clock())
+        moment = self._clock()
+        micros = _micros(moment)
 
         def update() -> int:
             row = self.spark.sql(
@@ -212,10 +216,13 @@ class OwnersTable:
         with delta_write_confs(self.spark, user_metadata=_metadata("heartbeat", claim)):
             updated = retry_on_conflict(update)
         if updated == 0:
+            self._safe_until.pop(claim.claim_id, None)
             raise self._lost(claim)
+        self._confirmed(claim, moment)
 
     def release(self, claim: OwnerClaim) -> None:
         """Give the vbuckets up (a no-op if the claim is already gone)."""
+        self._safe_until.pop(claim.claim_id, None)
         with delta_write_confs(self.spark, user_metadata=_metadata("release", claim)):
             retry_on_conflict(lambda: self._delete(claim.claim_id))
 
@@ -226,11 +233,21 @@ class OwnersTable:
         this check and the commit without this process noticing at its next check.
         """
         now = self._clock()
+        safe_until = self._safe_until.get(claim.claim_id)
+        if safe_until is not None and now < safe_until:
+            return  # a rival can only take over after our lease ran out: no read needed
         mine = next((r for r in self.records() if r.claim_id == claim.claim_id), None)
         if mine is None:
+            self._safe_until.pop(claim.claim_id, None)
             raise self._lost(claim)
         if not mine.is_live(now):
             self.heartbeat(claim)
+        else:
+            self._confirmed(claim, mine.heartbeat_at)
+
+    def _confirmed(self, claim: OwnerClaim, heartbeat_at: datetime) -> None:
+        # Three quarters of the lease leaves room for clock skew between replicators.
+        self._safe_until[claim.claim_id] = heartbeat_at + claim.lease * 3 / 4
 
     def _lost(self, claim: OwnerClaim) -> OwnershipConflict:
         now = self._clock()

@@ -235,6 +235,7 @@ class Stager:
         self._buffered = 0
         self._peak_buffered = 0
         self._spilled_file_bytes = 0
+        self._spilled_total = 0
         self._next_run_id = 1
         self._next_file = 1
         try:
@@ -270,6 +271,11 @@ class Stager:
         return self._spilled_file_bytes
 
     @property
+    def spilled_bytes_total(self) -> int:
+        """Bytes ever written to spill files (released ones included)."""
+        return self._spilled_total
+
+    @property
     def staged_bytes(self) -> int:
         """Everything staged and not yet released: bytes in memory plus bytes on disk."""
         return self._buffered + self._spilled_file_bytes
@@ -293,6 +299,7 @@ class Stager:
             stage.pending.files.append(spill)
             stage.pending.row_count += spill.row_count
             self._spilled_file_bytes += spill.file_bytes
+            self._spilled_total += spill.file_bytes
             return
         stage.pending.tables.append(table)
         stage.pending.memory_bytes += incoming
@@ -463,6 +470,7 @@ class Stager:
         for rows, spill in written:
             self._buffered -= rows.memory_bytes
             self._spilled_file_bytes += spill.file_bytes
+            self._spilled_total += spill.file_bytes
             rows.tables.clear()
             rows.memory_bytes = 0
             rows.files.append(spill)

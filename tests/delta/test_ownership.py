@@ -132,8 +132,24 @@ def test_a_claim_of_a_killed_process_on_this_host_is_taken_over_at_once(
     exited = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                             capture_output=True, text=True, check=True)
     dead_pid = int(exited.stdout)
-    owners.claim([140, 141], lease=LEASE, host="this-host", pid=dead_pid)
-    owners.claim([141, 142], lease=LEASE, host="this-host", pid=os.getpid())
+    owners.claim([940, 941], lease=LEASE, host="this-host", pid=dead_pid)
+    owners.claim([941, 942], lease=LEASE, host="this-host", pid=os.getpid())
     # A live process on the same host still holds its vbuckets, lease or not.
-    with pytest.raises(OwnershipConflict, match="vbuckets 142 held by"):
-        owners.claim([142], lease=LEASE, host="this-host", pid=os.getpid() + 10**6)
+    with pytest.raises(OwnershipConflict, match="vbuckets 942 held by"):
+        owners.claim([942], lease=LEASE, host="this-host", pid=os.getpid() + 10**6)
+
+
+def test_verify_trusts_the_lease_for_three_quarters_of_it_then_reads(
+    mirror: MirrorTable,
+) -> None:
+    clock = Clock()
+    owners = OwnersTable.of(mirror, clock=clock)
+    claim = owners.claim([150], lease=LEASE, host="node-a", pid=11)
+    mirror.spark.sql(
+        f"DELETE FROM delta.`{owners.path}` WHERE claim_id = '{claim.claim_id}'"
+    )  # the row vanishes behind our back
+    clock.advance(44)
+    owners.verify(claim)  # within 3/4 of the lease nobody can have taken over: no read
+    clock.advance(2)
+    with pytest.raises(OwnershipConflict):
+        owners.verify(claim)
