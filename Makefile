@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 JARS   := $(VENV)/.jars
 PYTEST_ARGS ?=
 
-.PHONY: setup jars test test-quick demo lint bench soak clean
+.PHONY: setup jars test test-quick demo lint bench clean
 
 setup: $(STAMP) $(JARS)
 
@@ -38,9 +38,6 @@ lint: $(STAMP)
 
 bench: setup
 	$(PY) jobs/bench.py
-
-soak: setup
-	$(PY) -m pytest -q -m slow tests/faults
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -56,7 +56,9 @@ def cluster() -> Iterator[SimCluster]:
         yield running
 
 
-def replicate(spark: Any, cluster: SimCluster, target: Path, **overrides: Any) -> ReplicationSummary:
+def replicate(
+    spark: Any, cluster: SimCluster, target: Path, **overrides: Any
+) -> ReplicationSummary:
     settings: dict[str, Any] = {
         "source": cluster.connection_string,
         "target": str(target),

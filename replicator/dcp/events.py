@@ -26,7 +26,7 @@ class SnapshotFlags(enum.IntFlag):
 
 
 class StreamEndReason(enum.IntEnum):
-    """STREAM_END reasons; everything but OK and CLOSED means: reopen from the committed boundary."""
+    """STREAM_END reasons; all but OK and CLOSED mean: reopen from the committed boundary."""
 
     OK = 0
     CLOSED = 1
@@ -152,7 +152,7 @@ class SystemEvent:
 
 @dataclass(frozen=True, slots=True)
 class SeqnoAdvanced:
-    """The stream moved to `by_seqno` without an item the consumer can see (filtered collections)."""
+    """The stream moved to `by_seqno` with no item the consumer sees (filtered collections)."""
 
     vbucket: int
     by_seqno: int

@@ -18,7 +18,7 @@ MAX_FAILOVER_ENTRIES = 25
 
 @dataclass(frozen=True, slots=True)
 class FailoverEntry:
-    """One branch point of a vbucket's history: from `seqno` on, history belongs to `vbucket_uuid`."""
+    """A branch point of a vbucket's history: from `seqno` on, history is `vbucket_uuid`'s."""
 
     vbucket_uuid: int
     seqno: int
