@@ -160,6 +160,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_sim_arguments(sim)
     sim.set_defaults(handler=run_sim)
 
+    audit = commands.add_parser("audit", help="document history, time travel and rollbacks")
+    from replicator.audit_cli import add_audit_arguments, run_audit
+
+    add_audit_arguments(audit)
+    audit.set_defaults(handler=run_audit)
+
     demo = commands.add_parser("demo", help="end-to-end demo on the embedded producer")
     demo.add_argument("--output", default="demo-output", help="where the demo leaves its table")
     demo.add_argument("--docs", type=int, default=20_000, help="initial documents")

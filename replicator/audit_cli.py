@@ -1,0 +1,261 @@
+"""`replicator audit`: ask a mirror's history questions from the command line.
+
+    replicator audit --target PATH history KEY [--collection C]
+    replicator audit --target PATH as-of (--version V | --timestamp T)
+    replicator audit --target PATH at-seqno VB SEQNO
+    replicator audit --target PATH changes --from X --to Y
+    replicator audit --target PATH rollbacks
+
+Readable tables by default, `--json` for machines. Errors are errors.* (the `replicator`
+command prints them as one line and exits 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from replicator.errors import ConfigError
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+DEFAULT_LIMIT = 20
+VALUE_WIDTH = 60
+"""Document text wider than this is cut in the readable tables (never in --json)."""
+
+_ROW_COLUMNS = ("vbucket", "scope", "collection", "key", "seqno", "cas", "doc")
+_LABELS = {"_commit_version": "version", "_change_type": "change"}
+_CHANGE_COLUMNS = ("_commit_version", "_change_type", *_ROW_COLUMNS)
+
+
+def add_audit_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags and subcommands of `replicator audit`."""
+    parser.add_argument("--target", help="path of the mirror Delta table")
+    _add_json_flag(parser, default=False)
+    questions = parser.add_subparsers(dest="audit_command", required=True, metavar="QUESTION")
+
+    history = questions.add_parser("history", help="every committed version of one document")
+    history.add_argument("key", help="the document key")
+    history.add_argument("--collection", help="scope.collection, when the key is in several")
+
+    as_of = questions.add_parser("as-of", help="the mirror at a table version or a time")
+    when = as_of.add_mutually_exclusive_group(required=True)
+    when.add_argument("--version", type=int, help="table version")
+    when.add_argument("--timestamp", help="ISO 8601 time, e.g. 2026-01-31T12:00:00Z (UTC)")
+
+    at_seqno = questions.add_parser(
+        "at-seqno", help="one vbucket as the mirror held it when it stood at a source seqno"
+    )
+    at_seqno.add_argument("vbucket", type=int, help="vbucket id")
+    at_seqno.add_argument("seqno", type=int, help="the source's seqno")
+
+    changes = questions.add_parser("changes", help="the change data feed between two points")
+    changes.add_argument("--from", dest="start", required=True, help="version or timestamp")
+    changes.add_argument("--to", dest="end", required=True, help="version or timestamp")
+
+    rollbacks = questions.add_parser("rollbacks", help="every rollback and resync, and why")
+
+    # Also accepted after the question (`audit history KEY --json`), never overriding the
+    # value given before it.
+    for sub in (history, as_of, at_seqno, changes, rollbacks):
+        _add_json_flag(sub, default=argparse.SUPPRESS)
+        sub.add_argument("--target", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    for sub in (as_of, at_seqno, changes):
+        sub.add_argument(
+            "--limit", type=int, default=DEFAULT_LIMIT,
+            help=f"rows shown (default {DEFAULT_LIMIT}; 0 for all)",
+        )
+
+
+def run_audit(args: argparse.Namespace, *, spark: SparkSession | None = None) -> int:
+    """Answer the question in `args`; prints the answer and returns the exit code (0)."""
+    if not args.target:
+        raise ConfigError("audit needs --target PATH (the mirror to read)")
+    limit = getattr(args, "limit", DEFAULT_LIMIT)
+    if limit < 0:
+        raise ConfigError("--limit must not be negative")
+    if spark is None:
+        from replicator.spark import build_session
+
+        spark = build_session("replicator-audit")
+    answer = _QUESTIONS[args.audit_command](spark, args)
+    print(json.dumps(answer.document, indent=2, default=str) if args.json else answer.text)
+    return 0
+
+
+class Answer:
+    """An answer in both forms: readable text and a JSON document."""
+
+    def __init__(self, text: str, document: Any) -> None:
+        self.text = text
+        self.document = document
+
+
+def _history(spark: SparkSession, args: argparse.Namespace) -> Answer:
+    from replicator.audit import document_history
+
+    versions = document_history(spark, args.target, args.key, collection=args.collection)
+    document = {"key": args.key, "versions": [v.to_json() for v in versions]}
+    if not versions:
+        return Answer(f"the mirror at {args.target} never held key {args.key!r}", document)
+    header = ("version", "committed", "operation", "commit", "collection", "seqno", "cas",
+              "value")
+    rows = [
+        (str(v.table_version), _time(v.committed_at), str(v.operation), v.commit_kind or "-",
+         v.collection_path, _cell(v.seqno), _cell(v.cas), _short(v.value))
+        for v in versions
+    ]
+    title = f"history of {args.key!r}: {len(versions)} versions"
+    return Answer(_table(title, header, rows, numeric=(0, 5, 6)), document)
+
+
+def _as_of(spark: SparkSession, args: argparse.Namespace) -> Answer:
+    from replicator.audit import MirrorHistory
+
+    history = MirrorHistory.read(spark, args.target)
+    resolved = history.resolve(version=args.version, timestamp=args.timestamp)
+    frame = history.snapshot(resolved.version)
+    title = (f"the mirror at table version {resolved.version} "
+             f"(committed {_time(resolved.committed_at)})")
+    return _rows_answer(title, frame, args.limit, {
+        "version": resolved.version, "committed_at": resolved.committed_at.isoformat(),
+    }, _ROW_COLUMNS)
+
+
+def _at_seqno(spark: SparkSession, args: argparse.Namespace) -> Answer:
+    from pyspark.sql import functions as F
+
+    from replicator.audit import MirrorHistory
+
+    history = MirrorHistory.read(spark, args.target)
+    boundary = history.source_boundary(args.vbucket, args.seqno)
+    frame = history.snapshot(boundary.table_version).where(F.col("vbucket") == args.vbucket)
+    title = (f"vbucket {boundary.vbucket} at seqno {boundary.requested_seqno}: its committed "
+             f"boundary seqno {boundary.seqno} (vbucket uuid {boundary.vbucket_uuid}), table "
+             f"version {boundary.table_version}, committed {_time(boundary.committed_at)}")
+    return _rows_answer(title, frame, args.limit, {
+        "vbucket": boundary.vbucket, "requested_seqno": boundary.requested_seqno,
+        "boundary_seqno": boundary.seqno, "vbucket_uuid": boundary.vbucket_uuid,
+        "version": boundary.table_version, "committed_at": boundary.committed_at.isoformat(),
+        "kind": boundary.kind,
+    }, _ROW_COLUMNS)
+
+
+def _changes(spark: SparkSession, args: argparse.Namespace) -> Answer:
+    from pyspark.sql import functions as F
+
+    from replicator.audit import changes_between
+
+    frame = changes_between(spark, args.target, _point(args.start), _point(args.end))
+    # Within a version, a document's old row before its new one.
+    change_order = F.expr(
+        "CASE _change_type WHEN 'update_preimage' THEN 0 WHEN 'delete' THEN 1 "
+        "WHEN 'update_postimage' THEN 2 ELSE 3 END"
+    )
+    frame = frame.orderBy("_commit_version", "vbucket", "scope", "collection", "key",
+                          change_order)
+    title = f"changes from {args.start} to {args.end}"
+    return _rows_answer(title, frame, args.limit, {"from": args.start, "to": args.end},
+                        _CHANGE_COLUMNS)
+
+
+def _rollbacks(spark: SparkSession, args: argparse.Namespace) -> Answer:
+    from replicator.audit import rollbacks
+
+    records = rollbacks(spark, args.target)
+    document = {"rollbacks": [r.to_json() for r in records]}
+    if not records:
+        return Answer(f"no rollbacks in the history of {args.target}", document)
+    header = ("version", "committed", "kind", "vbucket", "from seqno", "to seqno", "restored from")
+    rows = [
+        (str(r.table_version), _time(r.committed_at), r.kind, str(r.vbucket),
+         _cell(r.from_seqno), str(r.to_seqno), _cell(r.from_table_version))
+        for r in records
+    ]
+    text = _table(f"{len(records)} rollbacks", header, rows, numeric=(0, 3, 4, 5, 6))
+    return Answer(text + "\n\n" + "\n".join(r.explain() for r in records), document)
+
+
+_QUESTIONS: dict[str, Callable[[SparkSession, argparse.Namespace], Answer]] = {
+    "history": _history,
+    "as-of": _as_of,
+    "at-seqno": _at_seqno,
+    "changes": _changes,
+    "rollbacks": _rollbacks,
+}
+
+
+# --- rendering ----------------------------------------------------------------------------
+
+
+def _rows_answer(
+    title: str, frame: DataFrame, limit: int, facts: dict[str, Any], columns: Sequence[str]
+) -> Answer:
+    total = frame.count()
+    if "_commit_version" not in columns:
+        frame = frame.orderBy("vbucket", "scope", "collection", "key")
+    shown = frame.limit(limit) if limit else frame
+    rows = [row.asDict() for row in shown.select(*columns).collect()]
+    document = {**facts, "rows": total, "shown": len(rows),
+                "documents": [{k: _json_cell(v) for k, v in row.items()} for row in rows]}
+    title = f"{title}: {total} rows" + (f", first {len(rows)} shown" if len(rows) < total else "")
+    if not rows:
+        return Answer(title, document)
+    header = tuple(_LABELS.get(c, c) for c in columns)
+    cells = [tuple(_short(row[c]) if c == "doc" else _cell(row[c]) for c in columns)
+             for row in rows]
+    numeric = [i for i, c in enumerate(columns) if c in ("vbucket", "seqno", "cas",
+                                                          "_commit_version")]
+    return Answer(_table(title, header, cells, numeric=numeric), document)
+
+
+def _table(
+    title: str, header: Sequence[str], rows: Sequence[Sequence[str]], *, numeric: Sequence[int]
+) -> str:
+    from replicator.status import align_columns
+
+    return "\n".join([title, "", *align_columns([tuple(header), *rows], numeric=numeric)])
+
+
+def _time(moment: datetime) -> str:
+    from replicator.status import format_time
+
+    return format_time(moment)
+
+
+def _cell(value: Any) -> str:
+    return "-" if value is None else str(value)
+
+
+def _short(value: str | bytes | None) -> str:
+    if value is None:
+        return "-"
+    text = f"<{len(value)} binary bytes>" if isinstance(value, bytes) else value
+    return text if len(text) <= VALUE_WIDTH else text[: VALUE_WIDTH - 3] + "..."
+
+
+def _json_cell(value: Any) -> Any:
+    if isinstance(value, bytes):
+        return value.hex()
+    if isinstance(value, datetime):
+        # PySpark hands timestamps back as naive local time.
+        return value.astimezone(UTC).isoformat()
+    return value
+
+
+def _point(text: str) -> int | str:
+    """A --from/--to value: a whole number is a table version, anything else a timestamp."""
+    stripped = text.strip()
+    return int(stripped) if stripped.isdigit() else stripped
+
+
+def _add_json_flag(parser: argparse.ArgumentParser, *, default: Any) -> None:
+    parser.add_argument("--json", action="store_true", default=default,
+                        help="machine-readable output")
+
+
+__all__ = ["add_audit_arguments", "run_audit"]
