@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 JARS   := $(VENV)/.jars
 PYTEST_ARGS ?=
 
-.PHONY: setup jars test test-quick demo lint bench clean
+.PHONY: setup jars test test-quick demo lint clean
 
 setup: $(STAMP) $(JARS)
 
@@ -35,9 +35,6 @@ demo: setup
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
-
-bench: setup
-	$(PY) jobs/bench.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
