@@ -144,7 +144,7 @@ def test_verify_trusts_the_lease_for_three_quarters_of_it_then_reads(
 ) -> None:
     clock = Clock()
     owners = OwnersTable.of(mirror, clock=clock)
-    claim = owners.claim([150], lease=LEASE, host="node-a", pid=11)
+    claim = owners.claim([160], lease=LEASE, host="node-a", pid=11)
     mirror.spark.sql(
         f"DELETE FROM delta.`{owners.path}` WHERE claim_id = '{claim.claim_id}'"
     )  # the row vanishes behind our back
