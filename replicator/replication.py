@@ -26,8 +26,15 @@ from replicator.dcp.events import (
     StreamOpened,
 )
 from replicator.dcp.positions import FailoverLog, VbucketPosition
+from replicator.errors import ConnectionLostError
 from replicator.progress import ProgressReporter, ProgressSnapshot
-from replicator.snapshots.planner import CommitBatch, CommitThresholds, plan_commit
+from replicator.snapshots.planner import (
+    CommitBatch,
+    CommitThresholds,
+    CommitTrigger,
+    VbucketCommit,
+    plan_commit,
+)
 from replicator.snapshots.staging import StreamStager
 
 if TYPE_CHECKING:
@@ -286,6 +293,8 @@ class Replication:
             state.history_confirmed = True
             self._pending_logs[event.vbucket] = event.failover_log
             self._staging.feed(event)
+            if state.resync:
+                self._resync_if_producer_empty(state, event.failover_log)
             if state.caught_up:
                 self._source.close_stream(event.vbucket)
         elif isinstance(event, RollbackRequired):
@@ -336,6 +345,37 @@ class Replication:
             state.same_rollback_streak = 0
         self._staging.discard(vb, resume_seqno=state.committed.seqno)
         self._open(state)
+
+    def _resync_if_producer_empty(self, state: VbucketProgress, failover_log: FailoverLog) -> None:
+        """Commit an empty vbucket for a resync the producer has nothing to send for.
+
+        A wiped or flushed vbucket streams nothing from 0, so no snapshot would ever replace
+        the rows of the history it lost; its state at seqno 0 is empty, a whole-snapshot state.
+        """
+        vb = state.vbucket
+        try:
+            high = self._source.high_seqnos().get(vb)
+        except ConnectionLostError as exc:  # the stream itself will fail and be reopened
+            log.warning("vbucket %d: cannot learn the producer's high seqno: %s", vb, exc)
+            return
+        if high != 0:
+            return  # the stream brings a snapshot, and its commit replaces the rows
+        position = VbucketPosition.at_boundary(vb, failover_log.newest.vbucket_uuid, 0)
+        empty = VbucketCommit(
+            vbucket=vb, position=position, previous_seqno=0, first_load=True,
+            snapshot_start=0, snapshot_count=0, tables=(), spill_files=(), row_count=0,
+            byte_count=0, staged_run_ids=(),
+        )
+        self._save_pending_logs()
+        self._store.commit(
+            CommitBatch(self._next_batch_id, (empty,), CommitTrigger.FORCED),
+            replace=frozenset({vb}),
+        )
+        log.info("vbucket %d: the producer's copy is empty; removed its rows from the mirror", vb)
+        self._next_batch_id += 1
+        self.stats.commits += 1
+        state.committed = position
+        state.resync = False
 
     def _open(self, state: VbucketProgress) -> None:
         log_for_request = state.failover_log if state.committed.seqno > 0 else None

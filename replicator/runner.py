@@ -15,6 +15,7 @@ from contextlib import ExitStack
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlparse
 
 from replicator.config import ReplicatorConfig
 from replicator.dcp.auth import Credentials
@@ -164,7 +165,16 @@ def staging_dir_for(config: ReplicatorConfig, owner_id: str) -> str:
     """Beside the table by default, so executors on a cluster can read the spill files."""
     if config.staging_dir:
         return str(Path(config.staging_dir) / owner_id)
-    return f"{config.target.rstrip('/')}/_replicator/staging/{owner_id}"
+    scheme = urlparse(config.target).scheme
+    if scheme not in ("", "file"):
+        # Spill files are written with the driver's own filesystem calls, not Hadoop's.
+        raise ConfigError(
+            f"the target {config.target} is on {scheme}://, where spill files cannot be "
+            "written directly: set staging_dir (--staging-dir) to a directory on storage "
+            "every executor can read, such as a shared mount"
+        )
+    local = config.target.removeprefix("file://").rstrip("/")
+    return f"{local}/_replicator/staging/{owner_id}"
 
 
 def run_replication(
@@ -175,7 +185,11 @@ def run_replication(
     fault_hook: FaultHook | None = None,
     on_started: Callable[[Replication], None] | None = None,
 ) -> ReplicationSummary:
-    """Replicate `config.source` into `config.target` until stopped or caught up."""
+    """Replicate `config.source` into `config.target` until stopped or caught up.
+
+    `fault_hook` (tests) is called with the executor's commit steps and the stager's spill
+    steps (FAULT_STEPS, SPILL_FAULT_STEPS); an exception it raises acts as a fault there.
+    """
     from replicator.delta.executor import CommitExecutor
     from replicator.delta.ownership import OwnersTable
     from replicator.delta.schema import MirrorConfig
@@ -185,6 +199,7 @@ def run_replication(
 
     config.require_source_and_target()
     config.resolved_password()
+    staging_dir_for(config, "-")  # fails early when spill files would have nowhere to go
     if spark is None:
         locate_delta_jars()
     stop = stop or threading.Event()
@@ -216,6 +231,7 @@ def run_replication(
         stager = Stager(
             staging_dir_for(config, claim.owner_id),
             memory_budget_bytes=config.memory_budget_mb * 1024 * 1024,
+            fault_hook=fault_hook,
         )
         cleanup.callback(stager.close)
         targets = None

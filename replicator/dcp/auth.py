@@ -78,8 +78,8 @@ def choose_mechanism(
             return SaslMechanism.PLAIN
         raise ConfigError(
             "the server offers only SASL PLAIN, which would send the password in clear over "
-            "plain TCP: connect with couchbases:// (TLS), enable SCRAM on the server, or pass "
-            "allow_plain_over_tcp=True if the network is trusted"
+            "plain TCP: connect with couchbases:// (TLS), enable SCRAM on the server, or, if "
+            "the network is trusted, set allow_plain_over_tcp (--allow-plain-over-tcp)"
         )
     listed = ", ".join(sorted(names)) or "none"
     raise ConfigError(f"no supported SASL mechanism offered (server lists: {listed})")

@@ -20,6 +20,7 @@ import contextlib
 import errno
 import logging
 import os
+import shutil
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -55,6 +56,13 @@ DEFAULT_MEMORY_BUDGET_BYTES = 256 * 1024 * 1024
 
 SpillWriter = Callable[[pa.Table, str], int]
 """Writes a table to a new file at a path (owner-only mode) and returns the file's size."""
+
+SpillFaultHook = Callable[[str], None]
+"""Called with each name of SPILL_FAULT_STEPS as a spill file is written (fault injection)."""
+
+SPILL_FAULT_STEPS = ("before_spill_write", "after_spill_write")
+"""Where a spill-file write calls the fault hook: an OSError raised at the first is handled
+exactly like a failed write (ENOSPC reads as a full disk); at the second the file exists."""
 
 
 class StagingError(ReplicatorError):
@@ -220,6 +228,7 @@ class Stager:
         spill_writer: SpillWriter = write_spill_file,
         spill_limit_bytes: int | None = None,
         clock: Callable[[], float] = time.monotonic,
+        fault_hook: SpillFaultHook | None = None,
     ) -> None:
         if memory_budget_bytes <= 0:
             raise ValueError(f"memory budget must be positive, got {memory_budget_bytes}")
@@ -230,6 +239,7 @@ class Stager:
         self._write = spill_writer
         self._spill_limit = spill_limit_bytes
         self._clock = clock
+        self._fault_hook = fault_hook
         self._vbuckets: dict[int, _VbucketStage] = {}
         self._claims: dict[int, set[int]] = {}
         self._buffered = 0
@@ -479,16 +489,22 @@ class Stager:
         path = os.path.join(self._dir, f"vb{vbucket:04d}-{self._next_file:08d}.parquet")
         self._next_file += 1
         try:
+            self._fault("before_spill_write")
             size = self._write(table, path)
+            self._fault("after_spill_write")
         except OSError as exc:
             _remove(path)
             if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                problem = "the disk is full"
-            else:
-                problem = exc.strerror or str(exc)
+                raise StagingError(
+                    f"cannot spill {table.num_rows} rows of vbucket {vbucket} to {path}: the "
+                    f"disk is full ({_free_space(self._dir)} in staging directory {self._dir}); "
+                    "free space there, set staging_dir to a larger disk, or raise "
+                    "memory_budget_mb"
+                ) from exc
             raise StagingError(
-                f"cannot spill {table.num_rows} rows of vbucket {vbucket} to {path}: {problem}; "
-                "free space in the staging directory or raise the memory budget"
+                f"cannot spill {table.num_rows} rows of vbucket {vbucket} to {path} in staging "
+                f"directory {self._dir}: {exc.strerror or exc}; fix the directory or set "
+                "staging_dir to another one"
             ) from exc
         if (
             self._spill_limit is not None
@@ -501,6 +517,10 @@ class Stager:
                 "raise the limit"
             )
         return _SpillFile(path, size, table.num_rows, table.nbytes)
+
+    def _fault(self, step: str) -> None:
+        if self._fault_hook is not None:
+            self._fault_hook(step)
 
     def _drop_rows(self, rows: _Rows) -> None:
         self._buffered -= rows.memory_bytes
@@ -614,6 +634,15 @@ def _approximate_size(item: Mutation | Deletion | Expiration | SystemEvent) -> i
     if isinstance(item, SystemEvent):
         return 96 + len(item.name)
     return 96 + len(item.key)
+
+
+def _free_space(directory: str) -> str:
+    """The free space of the directory's filesystem for an operator: "12.5 MiB free"."""
+    try:
+        free = shutil.disk_usage(directory).free
+    except OSError:
+        return "free space unknown"
+    return f"{free / 2**20:.1f} MiB free"
 
 
 def _remove(path: str) -> None:
