@@ -548,9 +548,11 @@ class CommandProcessor:
                 end = high
             purge_seqno = vbucket.purge_seqno
             client_purge = options.purge_seqno
-            # A client that saw the current purge seqno (v2.2 markers) lost no deletes.
+            # kv_engine (MB-27800) skips the purge rollback only when the client's purge seqno
+            # equals the vbucket's: no purge ran since it last streamed. Any other value,
+            # higher included (it saw a purge on a branch since failed over), rolls back.
             ignore_purged = bool(flags & StreamRequestFlags.IGNORE_PURGED_TOMBSTONES) or (
-                client_purge is not None and client_purge >= purge_seqno
+                client_purge is not None and client_purge == purge_seqno
             )
             decision = vbucket.stream_request(
                 RollbackQuery(
