@@ -21,13 +21,19 @@ DELTA_CONF = {
     "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
 }
 
+SESSION_DEFAULTS = {
+    # Timestamps (expiry, commit times) are written and compared as UTC on every master.
+    "spark.sql.session.timeZone": "UTC",
+    "spark.sql.execution.arrow.pyspark.enabled": "true",
+}
+"""Applied on any master, unless spark-submit already set the key."""
+
 LOCAL_DEFAULTS = {
+    **SESSION_DEFAULTS,
     "spark.sql.shuffle.partitions": "4",
     "spark.default.parallelism": "2",
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
-    "spark.sql.session.timeZone": "UTC",
-    "spark.sql.execution.arrow.pyspark.enabled": "true",
     "spark.driver.host": "127.0.0.1",
     "spark.driver.bindAddress": "127.0.0.1",
     # Delta rebuilds table state with 50 partitions by default: pure overhead on two cores.
@@ -51,7 +57,9 @@ def build_session(
 ) -> SparkSession:
     """Return the SparkSession with Delta Lake enabled, creating it if needed.
 
-    `master` defaults to `local[2]` unless spark-submit already set one. `provide_jars` decides
+    `master` defaults to `local[2]` unless spark-submit already set one. Local masters get
+    defaults sized for a small machine; any other master (`spark://...`) keeps what
+    spark-submit set and only gains SESSION_DEFAULTS it did not set. `provide_jars` decides
     whether the Delta jars from the cache (or `REPLICATOR_DELTA_JARS`) are added; by default they
     are, unless the launching spark-submit already brings Delta with `--packages` or `--jars`.
 
@@ -69,6 +77,13 @@ def build_session(
     effective_master = settings.get("spark.master") or _submit_conf().get("spark.master", "")
     if _is_local(effective_master):
         settings.update(LOCAL_DEFAULTS)
+    else:
+        # A cluster (spark://, yarn, k8s): the operator's spark-submit settings win; nothing
+        # here may assume the driver's host or disk.
+        submitted_conf = _submit_conf()
+        settings.update(
+            {k: v for k, v in SESSION_DEFAULTS.items() if k not in submitted_conf}
+        )
     settings.update(DELTA_CONF)
 
     if provide_jars is None:
@@ -111,11 +126,17 @@ def ensure_delta_loaded(spark: SparkSession) -> None:
 
 
 def _submit_conf() -> dict[str, str]:
-    """Settings spark-submit passed to this Python driver, if it launched us."""
-    from pyspark import SparkConf
+    """Settings spark-submit passed to this Python driver, if it launched us.
 
-    if "SPARK_ENV_LOADED" not in os.environ and "PYSPARK_GATEWAY_PORT" not in os.environ:
+    spark-submit starts the JVM first and hands its gateway port down; its settings live in
+    that JVM's system properties, which a SparkConf only sees once the gateway is connected
+    (an unconnected SparkConf is empty, and the session would silently run on local[2]).
+    """
+    from pyspark import SparkConf, SparkContext
+
+    if "PYSPARK_GATEWAY_PORT" not in os.environ:
         return {}
+    SparkContext._ensure_initialized()
     return dict(SparkConf().getAll())
 
 
@@ -124,4 +145,6 @@ def _submit_brings_delta() -> bool:
     return any("delta" in conf.get(key, "") for key in ("spark.jars", "spark.jars.packages"))
 
 
-__all__ = ["DELTA_CONF", "LOCAL_DEFAULTS", "build_session", "ensure_delta_loaded"]
+__all__ = [
+    "DELTA_CONF", "LOCAL_DEFAULTS", "SESSION_DEFAULTS", "build_session", "ensure_delta_loaded",
+]

@@ -192,8 +192,8 @@ class VbucketStatus:
             return None
         return self.source_high_seqno - self.seqno
 
-    def cells(self, *, with_source: bool) -> tuple[str, ...]:
-        """The table cells after the vbucket column."""
+    def cells(self, *, with_source: bool, with_owner: bool = False) -> tuple[str, ...]:
+        """The table cells after the vbucket column (the owner's last, when asked for)."""
         cells: tuple[str, ...] = (
             str(self.seqno) if self.mirrored else "-",
             str(self.position.vbucket_uuid) if self.position is not None else "-",
@@ -206,6 +206,8 @@ class VbucketStatus:
                 str(self.source_high_seqno) if self.source_high_seqno is not None else "-",
                 str(self.lag) if self.lag is not None else "-",
             )
+        if with_owner:
+            cells += (self.owner_id or "-",)
         return cells
 
     def to_json(self) -> dict[str, Any]:
@@ -276,6 +278,11 @@ class MirrorStatus:
         return sum(vb.rollbacks for vb in self.vbuckets)
 
     @property
+    def sharded(self) -> bool:
+        """More than one owner committed the vbuckets shown (replicators ran as shards)."""
+        return len({vb.owner_id for vb in self.vbuckets if vb.owner_id is not None}) > 1
+
+    @property
     def owners_live(self) -> int:
         return sum(1 for owner in self.owners if owner.live)
 
@@ -308,7 +315,8 @@ class MirrorStatus:
         """Summary line, live owners, then an aligned table of vbuckets.
 
         `fold` merges consecutive vbuckets in identical state into one row (`0-511`); by
-        default only when there are more than FOLD_ABOVE vbuckets.
+        default only when there are more than FOLD_ABOVE vbuckets. A sharded mirror gets an
+        `owner` column: which replicator committed each vbucket last.
         """
         lines = [self.summary()]
         for owner in self.owners:
@@ -322,11 +330,15 @@ class MirrorStatus:
         )
         if self.with_source:
             header += ("source high", "lag")
+        with_owner = self.sharded
+        if with_owner:
+            header += ("owner",)
         rows = [
             (label, *cells)
             for label, cells in _rows(
                 self.vbuckets,
                 with_source=self.with_source,
+                with_owner=with_owner,
                 fold=len(self.vbuckets) > FOLD_ABOVE if fold is None else fold,
             )
         ]
@@ -390,13 +402,13 @@ def _numeric_columns(header: Sequence[str]) -> list[int]:
 
 
 def _rows(
-    vbuckets: Sequence[VbucketStatus], *, with_source: bool, fold: bool
+    vbuckets: Sequence[VbucketStatus], *, with_source: bool, fold: bool, with_owner: bool = False
 ) -> list[tuple[str, tuple[str, ...]]]:
     rows: list[tuple[str, tuple[str, ...]]] = []
     run_start = run_end = -1
     run_cells: tuple[str, ...] | None = None
     for vb in sorted(vbuckets, key=lambda v: v.vbucket):
-        cells = vb.cells(with_source=with_source)
+        cells = vb.cells(with_source=with_source, with_owner=with_owner)
         if fold and cells == run_cells and vb.vbucket == run_end + 1:
             run_end = vb.vbucket
             continue

@@ -10,11 +10,21 @@ A batch mixing first-load and steady vbuckets becomes two commits (append part 0
 each with its own positions and txnVersion. Every commit carries the Delta txn ids of its owner
 and batch, so a batch applied twice commits once, and `CommitMetadata` as userMetadata, so the
 data commit is the point of truth the checkpoints table is repaired from.
+
+Shards (replicators owning disjoint vbuckets) write one table at once. The table is partitioned
+by vbucket and every write names its partitions with literals, so their commits touch disjoint
+files and Delta's conflict check (WriteSerializable) lets them all through. A conflict that
+does happen (an OPTIMIZE of our partitions, a racing table-creation or metadata change) is
+retried with backoff, re-checking the claim first: the write is rebuilt against the new table
+version, and its txn ids make an attempt that did land count once.
 """
 
 from __future__ import annotations
 
 import enum
+import logging
+import random
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -40,7 +50,6 @@ from replicator.delta.table import (
     MirrorTable,
     delta_write_confs,
     engine_error_summary,
-    retry_on_conflict,
 )
 from replicator.errors import OwnershipConflict, ReplicatorError
 from replicator.snapshots.planner import CommitBatch, VbucketCommit, deduplicate_changes
@@ -49,10 +58,56 @@ from replicator.snapshots.rows import CHANGE_SCHEMA as ARROW_CHANGE_SCHEMA
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
 
+log = logging.getLogger(__name__)
+
 FAULT_STEPS = ("before_data_commit", "after_data_commit", "after_checkpoint")
 """Steps at which the fault hook is called, in order, for each data commit."""
 
 FaultHook = Callable[[str], None]
+
+RETRIED_CONFLICTS = (
+    "ConcurrentAppendException",
+    "ConcurrentDeleteReadException",
+    "ConcurrentDeleteDeleteException",
+    "ConcurrentWriteException",
+    "MetadataChangedException",
+    "ProtocolChangedException",
+)
+"""Delta's refusals of a commit after another writer committed first, safe to retry: the
+write is recomputed from the new table version (a MERGE re-reads its target rows, an append
+or replaceWhere only ever holds this owner's vbuckets), and fencing is re-checked before."""
+
+FENCING_CONFLICTS = ("ConcurrentTransactionException",)
+"""Another process committed with our txnAppId at the same time: two writers share an owner
+id, which fencing must have prevented. Never retried."""
+
+
+@dataclass(frozen=True, slots=True)
+class ConflictRetry:
+    """Bounded retries with exponential backoff (and jitter, so shards do not retry in step)."""
+
+    attempts: int = 6
+    first_backoff_s: float = 0.2
+    max_backoff_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        if self.attempts < 1:
+            raise ValueError(f"attempts must be at least 1, got {self.attempts}")
+        if self.first_backoff_s < 0 or self.max_backoff_s < self.first_backoff_s:
+            raise ValueError("backoffs must satisfy 0 <= first_backoff_s <= max_backoff_s")
+
+    def backoff_s(self, attempt: int, *, jitter: float = 1.0) -> float:
+        """Seconds to wait after failed attempt number `attempt` (from 1); `jitter` in [0.5, 1]."""
+        return float(min(self.max_backoff_s, self.first_backoff_s * 2 ** (attempt - 1)) * jitter)
+
+
+def delta_conflict_name(exc: BaseException) -> str | None:
+    """The Delta concurrency exception class `exc` is (e.g. ConcurrentAppendException), or None."""
+    summary = engine_error_summary(exc)
+    for name in (*RETRIED_CONFLICTS, *FENCING_CONFLICTS, "DeltaConcurrentModificationException"):
+        if name in summary or type(exc).__name__ == name:
+            return name
+    return None
 
 
 class WriteStrategy(enum.Enum):
@@ -115,12 +170,18 @@ class CommitExecutor:
         owners: OwnersTable,
         *,
         fault_hook: FaultHook | None = None,
+        conflict_retry: ConflictRetry | None = None,
+        pause: Callable[[float], None] = time.sleep,
     ) -> None:
         self.mirror = mirror
         self.claim = claim
         self.owners = owners
         self.checkpoints = CheckpointsTable.of(mirror)
         self._fault_hook = fault_hook
+        self.conflict_retry = conflict_retry or ConflictRetry()
+        self._pause = pause
+        self.conflicts_retried = 0
+        """Commits (data or checkpoints) Delta refused for a concurrent commit and retried."""
 
     @property
     def spark(self) -> SparkSession:
@@ -207,22 +268,27 @@ class CommitExecutor:
         Rows of collections dropped in the batch are left out: collection ids are never reused,
         and the dropped collection's rows are removed as a whole.
         """
-        in_memory: list[pa.Table] = []
-        spilled: list[DataFrame] = []
+        # One DataFrame per source, not per vbucket: each createDataFrame or file scan is a
+        # fixed cost, and a union of hundreds of them plans and schedules slowly.
+        deduplicated: list[pa.Table] = []
+        spilled_in_memory: list[pa.Table] = []
+        spill_files: list[str] = []
         for commit in commits:
             table = _concat(commit.tables)
             if commit.spill_files:
-                parts = [self.spark.read.schema(CHANGE_SCHEMA).parquet(*_uris(commit.spill_files))]
+                spill_files.extend(commit.spill_files)
                 if table.num_rows:
-                    parts.append(self.spark.createDataFrame(table, CHANGE_SCHEMA))
-                spilled.append(_union(parts))
+                    spilled_in_memory.append(table)
             elif table.num_rows:
-                in_memory.append(deduplicate_changes(table))
+                deduplicated.append(deduplicate_changes(table))
         frames: list[DataFrame] = []
-        if in_memory:
-            frames.append(self.spark.createDataFrame(_concat(in_memory), CHANGE_SCHEMA))
-        if spilled:
-            frames.append(_latest_per_document(_union(spilled)))
+        if deduplicated:
+            frames.append(self._frame_of(_concat(deduplicated)))
+        if spill_files:
+            parts = [self.spark.read.schema(CHANGE_SCHEMA).parquet(*_uris(spill_files))]
+            if spilled_in_memory:
+                parts.append(self._frame_of(_concat(spilled_in_memory)))
+            frames.append(_latest_per_document(_union(parts)))
         if not frames:
             return self.spark.createDataFrame([], CHANGE_SCHEMA)
         changes = _union(frames)
@@ -230,6 +296,16 @@ class CommitExecutor:
             if commit.dropped_collection_ids:
                 changes = changes.where(_not_in_dropped(commit))
         return changes
+
+    def _frame_of(self, table: pa.Table) -> DataFrame:
+        """A DataFrame of staged rows whose Spark partitions each hold a run of vbuckets.
+
+        Spark makes one partition per Arrow record batch, and staging leaves thousands of small
+        ones; sorted and rebatched, each partition writes few vbucket directories, so a commit
+        writes about one file per vbucket instead of one per vbucket per batch.
+        """
+        ordered = table.sort_by([("vbucket", "ascending")]).combine_chunks()
+        return self.spark.createDataFrame(ordered, CHANGE_SCHEMA)
 
     # -- strategies -------------------------------------------------------------------------
 
@@ -319,22 +395,18 @@ class CommitExecutor:
             positions=dict(positions),
             details=dict(details or {}),
         )
+        what = f"batch {batch_id} part {part} ({strategy.value} of vbuckets {sorted(positions)})"
         record = self.mirror.find_commit(metadata.owner_id, batch_id, part, recent_only=True)
         already_committed = record is not None
         if record is None:
             self.owners.verify(self.claim)
             self._step("before_data_commit")
             try:
-                # A conflict (say, with an OPTIMIZE of the same partitions) is retried: the
-                # txn ids make a write that did land count once.
-                retry_on_conflict(lambda: write(metadata))
+                self._retrying(what, lambda: write(metadata), fence=True)
             except ReplicatorError:
                 raise
             except Exception as exc:
-                raise CommitFailed(
-                    f"batch {batch_id} ({strategy.value} of vbuckets "
-                    f"{sorted(positions)}) failed: {engine_error_summary(exc)}"
-                ) from exc
+                raise CommitFailed(f"{what} failed: {engine_error_summary(exc)}") from exc
             record = self.mirror.find_commit(metadata.owner_id, batch_id, part)
             if record is None:
                 raise CommitFailed(
@@ -342,9 +414,51 @@ class CommitExecutor:
                     "not in the table history (was the txn id committed by another writer?)"
                 )
         self._step("after_data_commit")
-        self.checkpoints.record(record.metadata, record.version, record.timestamp)
+        landed = record
+        self._retrying(
+            f"checkpoints of {what}",
+            lambda: self.checkpoints.record(landed.metadata, landed.version, landed.timestamp),
+            fence=False,
+        )
         self._step("after_checkpoint")
         return _data_commit(record, strategy, already_committed)
+
+    def _retrying(self, what: str, action: Callable[[], None], *, fence: bool) -> None:
+        """Run a commit, again after a retryable Delta conflict (bounded, with backoff).
+
+        With `fence`, the claim is verified before each retry: a conflict may mean a rival
+        writes our vbuckets, and then we must stop, not overwrite it.
+        """
+        policy = self.conflict_retry
+        for attempt in range(1, policy.attempts + 1):
+            try:
+                action()
+                return
+            except Exception as exc:
+                conflict = delta_conflict_name(exc)
+                if conflict in FENCING_CONFLICTS:
+                    raise OwnershipConflict(
+                        f"{what}: another process committed with owner id "
+                        f"{self.claim.owner_id!r} at the same time ({conflict}); two "
+                        "replicators own the same vbuckets. Stop one of them"
+                    ) from exc
+                if conflict is None or conflict not in RETRIED_CONFLICTS:
+                    raise
+                if attempt == policy.attempts:
+                    raise CommitFailed(
+                        f"{what}: still conflicting with concurrent commits after "
+                        f"{policy.attempts} attempts ({conflict}); is something else (OPTIMIZE, "
+                        "another writer) rewriting these vbuckets' partitions?"
+                    ) from exc
+                wait = policy.backoff_s(attempt, jitter=random.uniform(0.5, 1.0))
+                self.conflicts_retried += 1
+                log.warning(
+                    "%s conflicted with a concurrent commit (%s); retry %d of %d in %.2fs",
+                    what, conflict, attempt, policy.attempts - 1, wait,
+                )
+                self._pause(wait)
+                if fence:
+                    self.owners.verify(self.claim)
 
     def _step(self, name: str) -> None:
         if self._fault_hook is not None:
@@ -406,8 +520,11 @@ def _latest_per_document(changes: DataFrame) -> DataFrame:
     newest_first = Window.partitionBy("vbucket", "collection_id", "key").orderBy(
         F.col("seqno").desc()
     )
+    # Partitioned by vbucket alone (which the window accepts), each task holds whole vbuckets
+    # and writes one file for each, not one per vbucket per shuffle partition.
     return (
-        changes.withColumn("_rank", F.row_number().over(newest_first))
+        changes.repartition("vbucket")
+        .withColumn("_rank", F.row_number().over(newest_first))
         .where(F.col("_rank") == 1)
         .drop("_rank")
     )

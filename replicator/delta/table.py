@@ -8,7 +8,10 @@ errors on the way become errors.* with a one-line cause, never a JVM stack trace
 from __future__ import annotations
 
 import contextlib
+import logging
+import random
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -35,6 +38,7 @@ if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 TXN_APP_ID_CONF = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION_CONF = "spark.databricks.delta.write.txnVersion"
@@ -102,14 +106,31 @@ def is_concurrent_modification(exc: BaseException) -> bool:
     return "Concurrent" in engine_error_summary(exc) and "Exception" in engine_error_summary(exc)
 
 
-def retry_on_conflict(action: Callable[[], T], *, attempts: int = 3) -> T:
-    """Run `action`, again when a concurrent writer made the commit fail (it re-reads)."""
+def retry_on_conflict(
+    action: Callable[[], T],
+    *,
+    attempts: int = 8,
+    first_backoff_s: float = 0.1,
+    max_backoff_s: float = 3.0,
+) -> T:
+    """Run `action`, again when a concurrent writer made the commit fail (it re-reads).
+
+    Shards share the unpartitioned owners and failover-log tables, so their heartbeats and
+    saves do collide; a jittered, growing backoff keeps them from colliding again in step.
+    """
     for attempt in range(1, attempts + 1):
         try:
             return action()
         except Exception as exc:
             if attempt == attempts or not is_concurrent_modification(exc):
                 raise
+            wait = min(max_backoff_s, first_backoff_s * 2 ** (attempt - 1))
+            wait *= random.uniform(0.5, 1.0)
+            log.info(
+                "a concurrent commit got there first (%s); retry %d of %d in %.2fs",
+                engine_error_summary(exc), attempt, attempts - 1, wait,
+            )
+            time.sleep(wait)
     raise AssertionError("unreachable")
 
 
@@ -242,7 +263,8 @@ def open_or_create(spark: SparkSession, path: str, config: MirrorConfig) -> Mirr
     >>> mirror = open_or_create(spark, "/data/travel", config)  # doctest: +SKIP
     """
     layout = MirrorLayout(path)
-    try:
+
+    def open_tables() -> None:
         _ensure_data_table(spark, layout, config)
         for role, table_path, schema in (
             ("checkpoints", layout.checkpoints, CHECKPOINT_SCHEMA),
@@ -250,6 +272,11 @@ def open_or_create(spark: SparkSession, path: str, config: MirrorConfig) -> Mirr
             ("owners", layout.owners, OWNER_SCHEMA),
         ):
             _create_if_missing(spark, table_path, schema, config.metadata_table_properties(role))
+
+    try:
+        # Shards started together race to create the tables; the loser's next pass finds
+        # them made and validates them.
+        retry_on_conflict(open_tables, attempts=3)
     except (NotAMirrorError, ConfigError):
         raise
     except Exception as exc:
