@@ -1,0 +1,60 @@
+"""`make bench`: the benchmark suite, side by side in one run.
+
+    python jobs/bench.py [--preset default|quick|smoke] [--output DIR] [--work-dir DIR]
+
+Prints a table (and the goals with PASS/MISS) on stdout and writes DIR/bench-<timestamp>.json,
+DIR/latest.json and DIR/latest.md (a markdown table for the README). Progress goes to stderr.
+Exit code 0 when every measurement ran (goals may be missed), 1 when one failed, 2 on bad flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+try:
+    import replicator  # noqa: F401
+except ImportError:
+    # Run from a source checkout without the package installed: the repo root holds it.
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from replicator.errors import ConfigError
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the suite with `argv` (default: the command line); returns the exit code."""
+    from replicator.bench.presets import PRESETS, preset_named
+    from replicator.bench.report import render_markdown, render_table, write_report
+    from replicator.bench.suite import run_suite
+
+    parser = argparse.ArgumentParser(prog="bench.py", description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--preset", default="default", choices=sorted(PRESETS))
+    parser.add_argument("--output", default="bench-output", help="directory of the JSON reports")
+    parser.add_argument("--work-dir", default=None, help="tables and logs (default: a temp dir)")
+    parser.add_argument("--keep-work", action="store_true", help="keep the work directory")
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s %(message)s"
+    )
+    try:
+        preset = preset_named(args.preset)
+    except ConfigError as exc:
+        print(f"bench.py: {exc}", file=sys.stderr)
+        return 2
+
+    def announce(message: str) -> None:
+        print(message, file=sys.stderr, flush=True)
+
+    report = run_suite(preset, work_dir=args.work_dir, keep_work=args.keep_work, announce=announce)
+    print(render_table(report))
+    dated, latest = write_report(report, args.output)
+    (Path(args.output) / "latest.md").write_text(render_markdown(report) + "\n")
+    print(f"\nwrote {dated} and {latest}")
+    return 1 if report.failures else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

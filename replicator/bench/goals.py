@@ -1,0 +1,126 @@
+"""The performance goals (2 cores) and their PASS/MISS verdicts, from measured results (pure)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from replicator.bench.drain import DrainResult
+from replicator.bench.memory import MemoryResult
+from replicator.bench.rollback import RollbackResult
+from replicator.bench.steady_state import SteadyStateResult
+
+DECODE_GOAL_MSGS_PER_S = 200_000
+LOAD_RATIO_GOAL = 0.8
+STEADY_GOAL_RATE = 20_000
+STEADY_GOAL_P99_MS = 5_000.0
+PEAK_RSS_GOAL_MIB = 2048.0
+
+
+@dataclass(frozen=True, slots=True)
+class GoalCheck:
+    """One goal: what it asks, what was measured, and whether it was met.
+
+    `passed` is None when the measurement it needs did not run (reported as NOT RUN).
+    """
+
+    goal: str
+    measured: str
+    passed: bool | None
+
+    @property
+    def verdict(self) -> str:
+        return "NOT RUN" if self.passed is None else "PASS" if self.passed else "MISS"
+
+
+def evaluate_goals(
+    *,
+    drain: DrainResult | None,
+    load_ratio: float | None,
+    steady: Sequence[SteadyStateResult],
+    memory: MemoryResult | None,
+    rollback: RollbackResult | None,
+) -> tuple[GoalCheck, ...]:
+    """Judge every goal against the results (None / empty: that measurement did not run)."""
+    return (
+        _codec(drain),
+        _drain(drain),
+        _load(load_ratio),
+        _steady(steady),
+        _memory(memory),
+        _rollback(rollback),
+    )
+
+
+def _codec(drain: DrainResult | None) -> GoalCheck:
+    goal = f"codec decodes >= {DECODE_GOAL_MSGS_PER_S:,} msgs/s (1 KiB docs, per CPU second)"
+    if drain is None:
+        return GoalCheck(goal, "-", None)
+    rate = drain.codec_messages_per_cpu_second
+    return GoalCheck(goal, f"{rate:,.0f} msgs/s", rate >= DECODE_GOAL_MSGS_PER_S)
+
+
+def _drain(drain: DrainResult | None) -> GoalCheck:
+    goal = f"protocol layer drains >= {DECODE_GOAL_MSGS_PER_S:,} msgs/s (wall clock)"
+    if drain is None:
+        return GoalCheck(goal, "-", None)
+    rate = drain.messages_per_second
+    return GoalCheck(goal, f"{rate:,.0f} msgs/s", rate >= DECODE_GOAL_MSGS_PER_S)
+
+
+def _load(ratio: float | None) -> GoalCheck:
+    goal = f"initial load >= {LOAD_RATIO_GOAL} x plain Arrow append"
+    if ratio is None:
+        return GoalCheck(goal, "-", None)
+    return GoalCheck(goal, f"{ratio:.2f} x", ratio >= LOAD_RATIO_GOAL)
+
+
+def _steady(results: Sequence[SteadyStateResult]) -> GoalCheck:
+    if not results:
+        return GoalCheck(
+            f"{STEADY_GOAL_RATE:,} mutations/s sustained, p99 lag <= 5 s", "-", None
+        )
+    top = max(results, key=lambda r: r.offered_rate)
+    scaled = "" if top.offered_rate >= STEADY_GOAL_RATE else " (highest rate of this preset)"
+    goal = f"{top.offered_rate:,.0f} mutations/s sustained, p99 lag <= 5 s{scaled}"
+    p99 = f"p99 {top.lag.p99_ms / 1000:.2f} s" if top.lag.rows else "lag not measured"
+    measured = f"applied {top.applied_rate:,.0f}/s, committed {top.committed_rate:,.0f}/s, {p99}"
+    if not top.producer_kept_pace:
+        measured += " (producer fell short of the offered rate)"
+    passed = (
+        top.producer_kept_pace
+        and top.keeps_up
+        and top.lag.rows > 0
+        and top.lag.p99_ms <= STEADY_GOAL_P99_MS
+    )
+    return GoalCheck(goal, measured, passed)
+
+
+def _memory(memory: MemoryResult | None) -> GoalCheck:
+    goal = f"peak RSS <= {PEAK_RSS_GOAL_MIB / 1024:.0f} GiB (Python driver and JVM, each)"
+    if memory is None:
+        return GoalCheck(goal, "-", None)
+    measured = (
+        f"Python {memory.python_peak_rss_mib:,.0f} MiB, JVM {memory.jvm_peak_rss_mib:,.0f} MiB"
+    )
+    passed = (
+        memory.complete
+        and memory.python_peak_rss_mib <= PEAK_RSS_GOAL_MIB
+        and memory.jvm_peak_rss_mib <= PEAK_RSS_GOAL_MIB
+    )
+    return GoalCheck(goal, measured, passed)
+
+
+def _rollback(rollback: RollbackResult | None) -> GoalCheck:
+    goal = "one-vbucket rollback touches only that vbucket's files"
+    if rollback is None:
+        return GoalCheck(goal, "-", None)
+    measured = (
+        f"{rollback.files_added} added, {rollback.files_removed} removed, "
+        f"{rollback.change_data_files} cdc; "
+        f"{'all' if rollback.files_only_in_vbucket_partition else 'NOT all'} in vbucket="
+        f"{rollback.vbucket}/"
+    )
+    return GoalCheck(
+        goal, measured, rollback.files_only_in_vbucket_partition and rollback.rows_restored
+    )

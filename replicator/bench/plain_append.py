@@ -1,0 +1,97 @@
+"""Measurement 4: the sink's physical limit: the same rows, plainly appended from Arrow.
+
+The mirror's own rows are read back (untimed) in chunks of vbuckets, each chunk no larger than
+a group commit's byte cap, and appended from Arrow to a fresh Delta table partitioned by
+vbucket like the mirror. Only the appends are timed: that is what any writer of these rows
+into Delta must pay, with no DCP, staging or commit protocol around it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from replicator.bench.procfs import CpuMeter, spark_jvm_pid
+from replicator.delta.schema import DATA_COLUMNS, DATA_SCHEMA
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+
+@dataclass(frozen=True, slots=True)
+class PlainAppendResult:
+    """Plain appends of `rows` rows (`arrow_bytes` in Arrow) in `appends` commits."""
+
+    rows: int
+    arrow_bytes: int
+    appends: int
+    seconds: float
+    rows_per_second: float
+    python_cpu_seconds: float
+    jvm_cpu_seconds: float
+
+
+def vbucket_chunks(vbuckets: list[int], chunks: int) -> list[list[int]]:
+    """Split sorted `vbuckets` into `chunks` contiguous groups of near-equal size (pure).
+
+    >>> vbucket_chunks([0, 1, 2, 3, 4], 2)
+    [[0, 1, 2], [3, 4]]
+    """
+    if chunks < 1:
+        raise ValueError(f"chunks must be positive, got {chunks}")
+    chunks = min(chunks, len(vbuckets)) or 1
+    size, extra = divmod(len(vbuckets), chunks)
+    groups, start = [], 0
+    for index in range(chunks):
+        end = start + size + (1 if index < extra else 0)
+        groups.append(vbuckets[start:end])
+        start = end
+    return [group for group in groups if group]
+
+
+def measure_plain_append(
+    spark: SparkSession, mirror_path: str, target: str, *, max_chunk_bytes: int
+) -> PlainAppendResult:
+    """Append the mirror's rows to a new table at `target`, timing only the appends."""
+    from pyspark.sql import functions as F
+
+    mirror = spark.read.format("delta").load(mirror_path).select(*DATA_COLUMNS)
+    sizes = (
+        mirror.groupBy("vbucket")
+        .agg(F.sum(F.length("doc") + F.length("key") + F.lit(96)).alias("bytes"))
+        .collect()
+    )
+    by_vbucket = {int(row["vbucket"]): int(row["bytes"] or 0) for row in sizes}
+    total = sum(by_vbucket.values())
+    groups = vbucket_chunks(sorted(by_vbucket), max(1, -(-total // max_chunk_bytes)))
+    meter = CpuMeter(python="self", jvm=spark_jvm_pid(spark))
+    rows = arrow_bytes = 0
+    seconds = 0.0
+    cpu = {"python": 0.0, "jvm": 0.0}
+    for group in groups:
+        table = mirror.where(F.col("vbucket").isin(group)).toArrow()
+        rows += table.num_rows
+        arrow_bytes += table.nbytes
+        meter.start()
+        started = time.perf_counter()
+        (
+            spark.createDataFrame(table, DATA_SCHEMA)
+            .write.format("delta")
+            .mode("append")
+            .partitionBy("vbucket")
+            .save(target)
+        )
+        seconds += time.perf_counter() - started
+        for name, used in meter.stop().items():
+            cpu[name] += used
+        del table
+    return PlainAppendResult(
+        rows=rows,
+        arrow_bytes=arrow_bytes,
+        appends=len(groups),
+        seconds=seconds,
+        rows_per_second=rows / seconds if seconds else 0.0,
+        python_cpu_seconds=cpu["python"],
+        jvm_cpu_seconds=cpu["jvm"],
+    )

@@ -1,0 +1,114 @@
+"""Sizes of one benchmark run: `default` (what `make bench` runs), `quick` and `smoke`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from replicator.errors import ConfigError
+
+
+@dataclass(frozen=True, slots=True)
+class BenchPreset:
+    """How big each measurement is.
+
+    `docs` x `doc_size` over `vbuckets` is the data set of the serve, drain, initial load,
+    plain append and rollback measurements. `steady_rates` are the offered mutation rates of
+    the steady-state runs, each measured for `steady_window_s` after the replicator caught up
+    with `steady_seed_docs` documents. The memory run mirrors one vbucket whose first snapshot
+    is `memory_snapshot_factor` times `memory_budget_mb`; with `memory_alongside` it runs while
+    the other measurements do, and `probe_jvm_options` go to the memory probe's JVM. Both are
+    for `smoke` only, whose numbers are not compared: running alongside saves a JVM start's
+    worth of wall time but disturbs every other figure, and a C1-only JIT
+    (-XX:TieredStopAtLevel=1) halves a short run's JVM CPU but is not how production runs.
+    """
+
+    name: str
+    docs: int
+    doc_size: int
+    vbuckets: int
+    steady_rates: tuple[int, ...]
+    steady_window_s: float
+    steady_seed_docs: int
+    steady_commit_interval_s: float
+    memory_budget_mb: int
+    memory_doc_size: int
+    memory_snapshot_factor: int = 4
+    rollback_changed_docs: int = 20
+    catch_up_timeout_s: float = 120.0
+    steady_warmup_catch_ups: int = 2
+    memory_alongside: bool = False
+    probe_jvm_options: str = ""
+
+    def __post_init__(self) -> None:
+        if self.docs < 1 or self.doc_size < 64:
+            raise ConfigError(f"preset {self.name}: need docs >= 1 and doc_size >= 64")
+        if not 1 <= self.vbuckets <= 1024:
+            raise ConfigError(f"preset {self.name}: vbuckets must be 1..1024")
+        if not self.steady_rates or min(self.steady_rates) <= 0:
+            raise ConfigError(f"preset {self.name}: steady_rates must be positive")
+        if self.steady_warmup_catch_ups < 1:
+            raise ConfigError(f"preset {self.name}: steady_warmup_catch_ups must be >= 1")
+        if self.memory_budget_mb < 8:
+            raise ConfigError(f"preset {self.name}: memory_budget_mb must be at least 8")
+
+    @property
+    def memory_docs(self) -> int:
+        """Documents in the memory run's single vbucket: `factor` x the budget in doc bytes."""
+        budget = self.memory_budget_mb * 1024 * 1024
+        return -(-self.memory_snapshot_factor * budget // self.memory_doc_size)
+
+
+PRESETS: dict[str, BenchPreset] = {
+    "default": BenchPreset(
+        name="default",
+        docs=1_000_000,
+        doc_size=1024,
+        vbuckets=1024,
+        steady_rates=(5_000, 10_000, 20_000),
+        steady_window_s=30.0,
+        steady_seed_docs=20_000,
+        steady_commit_interval_s=2.0,
+        memory_budget_mb=32,
+        memory_doc_size=1024,
+        catch_up_timeout_s=180.0,
+    ),
+    "quick": BenchPreset(
+        name="quick",
+        docs=100_000,
+        doc_size=1024,
+        vbuckets=64,
+        steady_rates=(2_000, 5_000),
+        steady_window_s=20.0,
+        steady_seed_docs=10_000,
+        steady_commit_interval_s=2.0,
+        memory_budget_mb=16,
+        memory_doc_size=1024,
+    ),
+    "smoke": BenchPreset(
+        name="smoke",
+        docs=2_000,
+        doc_size=256,
+        vbuckets=8,
+        steady_rates=(300,),
+        steady_window_s=3.0,
+        steady_seed_docs=200,
+        steady_commit_interval_s=0.5,
+        memory_budget_mb=8,
+        memory_doc_size=4096,
+        rollback_changed_docs=5,
+        catch_up_timeout_s=120.0,
+        steady_warmup_catch_ups=1,
+        memory_alongside=True,
+        probe_jvm_options="-XX:TieredStopAtLevel=1",
+    ),
+}
+
+
+def preset_named(name: str) -> BenchPreset:
+    """The preset called `name`; ConfigError naming the choices otherwise."""
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise ConfigError(
+            f"unknown benchmark preset {name!r}: choose one of {', '.join(PRESETS)}"
+        ) from None

@@ -1,0 +1,198 @@
+"""Measurement 7: a one-vbucket rollback on a large mirror: its time and the files it touches.
+
+On the mirror the initial load built, one more snapshot is committed to one vbucket through
+the Delta layer (updates of existing documents and new ones), then that vbucket is rolled back
+to its earlier boundary with `plan_rollback` + `rollback_vbucket`, as the driver does when the
+producer answers ROLLBACK. The rollback commit's add/remove/cdc actions are read from its log
+entry: every file must lie in that vbucket's partition directory.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote
+
+import pyarrow as pa
+
+from replicator.dcp.positions import FailoverLog, VbucketPosition
+from replicator.delta.checkpoints import CheckpointsTable
+from replicator.delta.executor import CommitExecutor
+from replicator.delta.ownership import OwnersTable
+from replicator.delta.rollback import plan_rollback, rollback_vbucket, time_travel_horizon
+from replicator.delta.schema import DATA_COLUMNS, UPSERT, MirrorConfig
+from replicator.delta.table import MirrorTable, open_or_create
+from replicator.errors import ReplicatorError
+from replicator.snapshots.planner import CommitBatch, CommitTrigger, VbucketCommit
+from replicator.snapshots.rows import CHANGE_SCHEMA
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+OWNER_ID = "bench-rollback"
+
+
+class RollbackBenchError(ReplicatorError):
+    """The rollback measurement could not be set up or did not roll back."""
+
+
+@dataclass(frozen=True, slots=True)
+class FileActions:
+    """The data files one Delta commit added and removed, and its change-data files."""
+
+    added: tuple[str, ...]
+    removed: tuple[str, ...]
+    change_data: tuple[str, ...]
+    operation_metrics: dict[str, str]
+
+    def all_under_partition(self, column: str, value: int) -> bool:
+        """True when at least one file was touched and every one sits in `column=value/`."""
+        paths = self.added + self.removed + self.change_data
+        wanted = f"{column}={value}"
+        return bool(paths) and all(wanted in PurePosixPath(p).parts for p in paths)
+
+
+@dataclass(frozen=True, slots=True)
+class RollbackResult:
+    """What rolling one vbucket back cost on a table of `table_rows` rows in `table_files`."""
+
+    vbucket: int
+    table_rows: int
+    table_files: int
+    vbucket_rows: int
+    from_seqno: int
+    to_seqno: int
+    seconds: float
+    files_added: int
+    files_removed: int
+    change_data_files: int
+    files_only_in_vbucket_partition: bool
+    rows_restored: bool
+    operation_metrics: dict[str, str]
+
+
+def commit_file_actions(log_entry: str) -> FileActions:
+    """Parse one `_delta_log/NNN.json` commit (pure): its add, remove and cdc paths."""
+    added: list[str] = []
+    removed: list[str] = []
+    change_data: list[str] = []
+    metrics: dict[str, str] = {}
+    for line in log_entry.splitlines():
+        if not line.strip():
+            continue
+        action: dict[str, Any] = json.loads(line)
+        if "add" in action:
+            added.append(unquote(action["add"]["path"]))
+        elif "remove" in action:
+            removed.append(unquote(action["remove"]["path"]))
+        elif "cdc" in action:
+            change_data.append(unquote(action["cdc"]["path"]))
+        elif "commitInfo" in action:
+            reported = action["commitInfo"].get("operationMetrics", {})
+            metrics = {name: str(value) for name, value in reported.items()}
+    return FileActions(tuple(added), tuple(removed), tuple(change_data), metrics)
+
+
+def measure_rollback(
+    spark: SparkSession, mirror_path: str, bucket: str, *, vbucket: int, changed_docs: int
+) -> RollbackResult:
+    """Commit one more snapshot to `vbucket`, roll it back, and report the rollback commit."""
+    if not Path(mirror_path, "_delta_log").is_dir():
+        raise RollbackBenchError(f"{mirror_path} is not a local Delta table")
+    mirror = open_or_create(spark, mirror_path, MirrorConfig(bucket))
+    owners = OwnersTable.of(mirror)
+    claim = owners.claim([vbucket], OWNER_ID)
+    try:
+        executor = CommitExecutor(mirror, claim, owners)
+        checkpoints = CheckpointsTable.of(mirror)
+        boundary = checkpoints.latest([vbucket]).get(vbucket)
+        if boundary is None:
+            raise RollbackBenchError(f"vbucket {vbucket} has nothing committed to roll back")
+        vbucket_rows = mirror.read().where(f"vbucket = {vbucket}").count()
+        later = _later_snapshot(mirror, boundary.position, changed_docs)
+        executor.execute(CommitBatch(1, (later,), CommitTrigger.FORCED))
+        failover_log = FailoverLog.of([(boundary.position.vbucket_uuid, 0)])
+        # Between the two boundaries: the producer forgot part of the later snapshot.
+        rollback_seqno = (boundary.seqno + later.position.seqno) // 2
+        started = time.perf_counter()
+        plan = plan_rollback(
+            checkpoints.for_vbucket(vbucket), vbucket, rollback_seqno, time_travel_horizon(mirror)
+        )
+        outcome = rollback_vbucket(
+            executor, plan, batch_id=2, failover_log=failover_log, reason="benchmark"
+        )
+        seconds = time.perf_counter() - started
+    finally:
+        owners.release(claim)
+    if outcome.commit is None:
+        raise RollbackBenchError(f"vbucket {vbucket} was not rewound: {outcome.reason}")
+    version = outcome.commit.table_version
+    entry = Path(mirror_path, "_delta_log", f"{version:020d}.json").read_text()
+    actions = commit_file_actions(entry)
+    after = mirror.read().where(f"vbucket = {vbucket}")
+    max_seqno = after.agg({"seqno": "max"}).first()
+    detail = mirror.delta().detail().select("numFiles").first()
+    return RollbackResult(
+        vbucket=vbucket,
+        table_rows=mirror.read().count(),
+        table_files=int(detail["numFiles"]) if detail is not None else 0,
+        vbucket_rows=vbucket_rows,
+        from_seqno=later.position.seqno,
+        to_seqno=outcome.position.seqno,
+        seconds=seconds,
+        files_added=len(actions.added),
+        files_removed=len(actions.removed),
+        change_data_files=len(actions.change_data),
+        files_only_in_vbucket_partition=actions.all_under_partition("vbucket", vbucket),
+        rows_restored=(
+            after.count() == vbucket_rows
+            and max_seqno is not None
+            and int(max_seqno[0]) <= boundary.seqno
+        ),
+        operation_metrics=actions.operation_metrics,
+    )
+
+
+def _later_snapshot(
+    mirror: MirrorTable, boundary: VbucketPosition, changed_docs: int
+) -> VbucketCommit:
+    """A snapshot after `boundary`: half updates of stored documents, half new documents."""
+    vbucket = boundary.vbucket
+    stored = (
+        mirror.read().where(f"vbucket = {vbucket}").select(*DATA_COLUMNS)
+        .limit(changed_docs).toArrow()
+    )  # fmt: skip
+    if stored.num_rows == 0:
+        raise RollbackBenchError(f"vbucket {vbucket} holds no rows to update")
+    updates = stored.slice(0, max(1, changed_docs // 2))
+    inserts = stored.slice(0, changed_docs - updates.num_rows)
+    inserts = inserts.set_column(
+        inserts.schema.get_field_index("key"),
+        inserts.schema.field("key"),
+        pa.array([f"{key}::bench-new" for key in inserts.column("key").to_pylist()]),
+    )
+    rows = pa.concat_tables([updates, inserts])
+    seqnos = pa.array(range(boundary.seqno + 1, boundary.seqno + 1 + rows.num_rows), pa.int64())
+    rows = rows.set_column(rows.schema.get_field_index("seqno"), rows.schema.field("seqno"), seqnos)
+    rows = rows.append_column("op", pa.array([UPSERT] * rows.num_rows))
+    table = rows.select(CHANGE_SCHEMA.names).cast(CHANGE_SCHEMA)
+    end = boundary.seqno + rows.num_rows
+    return VbucketCommit(
+        vbucket=vbucket,
+        position=VbucketPosition.at_boundary(
+            vbucket, boundary.vbucket_uuid, end,
+            purge_seqno=boundary.purge_seqno, manifest_uid=boundary.manifest_uid,
+        ),
+        previous_seqno=boundary.seqno,
+        first_load=False,
+        snapshot_start=boundary.seqno + 1,
+        snapshot_count=1,
+        tables=(table,),
+        spill_files=(),
+        row_count=table.num_rows,
+        byte_count=table.nbytes,
+        staged_run_ids=(0,),
+    )  # fmt: skip

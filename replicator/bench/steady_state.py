@@ -1,0 +1,341 @@
+"""Measurement 5: steady state at a fixed offered rate: throughput and source-to-Delta lag.
+
+The producer (its own process) applies a mix of inserts, updates, deletes and expiries at the
+offered rate from start to end. The replicator runs continuously in this process; once it has
+caught up (with the backfill, then with the backlog that built up meanwhile), a window opens. At
+its end the replicator is asked to catch up with the producer's high seqnos and stop.
+
+- applied rate: seqnos the producer wrote per second during the window (it may fall short of
+  the offered rate on a busy machine; the report says so).
+- committed rate: seqnos committed per second between the commits that bracket the window,
+  read from the commits' own positions and timestamps.
+- lag: per row of the change data feed (inserts and update post-images) whose CAS lies in the
+  window, `_commit_timestamp` minus the CAS (the producer's wall clock, in ns, when it applied
+  the change). Versions superseded or deleted within a batch never reach the table, so only
+  surviving versions are measured.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from replicator.bench.initial_load import bench_config
+from replicator.bench.simulator import SIM_PASSWORD, SIM_USERNAME, SimulatorProcess
+from replicator.config import ReplicatorConfig
+from replicator.dcp.auth import Credentials
+from replicator.dcp.client import DcpClient
+from replicator.delta.schema import CommitMetadata
+from replicator.replication import Replication, ReplicationSummary
+from replicator.runner import run_replication
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+STOP_TIMEOUT_S = 600.0
+"""How long a stopped replication may take to make its last commit and return."""
+
+KEEP_UP_SHARE = 0.95
+"""The committed rate must reach this share of the applied rate to count as keeping up."""
+
+
+@dataclass(frozen=True, slots=True)
+class SteadyStateSettings:
+    """One steady-state run: offered rate, window, and the replicator's commit interval."""
+
+    offered_rate: float
+    window_s: float
+    seed_docs: int
+    doc_size: int
+    vbuckets: int
+    commit_interval_s: float
+    catch_up_timeout_s: float
+    warmup_catch_ups: int = 2
+
+
+@dataclass(frozen=True, slots=True)
+class LagPercentiles:
+    """Lag in milliseconds of the rows of one part of the window."""
+
+    rows: int
+    p50_ms: float
+    p99_ms: float
+    max_ms: float
+
+
+@dataclass(frozen=True, slots=True)
+class SteadyStateResult:
+    """What one offered rate gave.
+
+    `lag_first_quarter` / `lag_last_quarter`: the same percentiles over rows whose CAS lies in
+    the window's first and last quarter; a lag that grows between them is a backlog building.
+    `drained_after_s`: seconds after the window's end until every change of the window was
+    committed (None when the catch-up timed out: then the lag figures leave out the changes
+    never committed, and understate it). `warmed_up` is False when the replicator never caught
+    up before the window (it was already falling behind).
+    """
+
+    offered_rate: float
+    applied_rate: float
+    committed_rate: float
+    warmed_up: bool
+    window_seconds: float
+    commits_in_window: int
+    lag: LagPercentiles
+    lag_first_quarter: LagPercentiles
+    lag_last_quarter: LagPercentiles
+    drained_after_s: float | None
+    producer_kept_pace: bool
+    lag_bounded: bool
+    keeps_up: bool
+
+
+def measure_steady_state(
+    spark: SparkSession, settings: SteadyStateSettings, *, work_dir: str
+) -> SteadyStateResult:
+    """Run the replicator against a producer writing at `settings.offered_rate`."""
+    rate_name = f"{int(settings.offered_rate)}"
+    with SimulatorProcess(
+        "steady",
+        docs=settings.seed_docs,
+        doc_size=settings.doc_size,
+        vbuckets=settings.vbuckets,
+        rate=settings.offered_rate,
+        log_path=f"{work_dir}/sim-steady-{rate_name}.log",
+    ) as simulator:
+        config = bench_config(
+            simulator.connection_string,
+            f"{work_dir}/steady-{rate_name}",
+            SIM_PASSWORD,
+            commit_interval_s=settings.commit_interval_s,
+            staging_dir=f"{work_dir}/staging-steady-{rate_name}",
+        )
+        window = _run_window(spark, config, settings)
+    return _analyse(spark, config.target, settings, window)
+
+
+@dataclass(frozen=True, slots=True)
+class _Window:
+    warmed_up: bool
+    start_ns: int
+    end_ns: int
+    applied_seqnos: int
+    drained_after_s: float | None
+
+
+class _BackgroundReplication:
+    """run_replication on a thread; `replication` is set once it started."""
+
+    def __init__(self, spark: SparkSession, config: ReplicatorConfig) -> None:
+        self.stop = threading.Event()
+        self.started = threading.Event()
+        self.finished = threading.Event()
+        self.replication: Replication | None = None
+        self.summary: ReplicationSummary | None = None
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(
+            target=self._run, args=(spark, config), name="bench-replication", daemon=True
+        )
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _run(self, spark: SparkSession, config: ReplicatorConfig) -> None:
+        def on_started(replication: Replication) -> None:
+            self.replication = replication
+            self.started.set()
+
+        try:
+            self.summary = run_replication(config, spark=spark, stop=self.stop,
+                                           on_started=on_started)
+        except BaseException as exc:  # surfaced by `check` on the measuring thread
+            self.error = exc
+        finally:
+            self.started.set()
+            self.finished.set()
+
+    def check(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+    def committed_total(self) -> int:
+        replication = self.replication
+        return 0 if replication is None else sum(p.seqno for p in replication.positions().values())
+
+    def wait_committed(self, target: int, timeout_s: float) -> bool:
+        """Wait until the committed seqnos add up to `target`; False after `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
+        while self.committed_total() < target:
+            self.check()
+            if self.finished.is_set():
+                raise RuntimeError("the replication stopped before catching up")
+            if time.monotonic() > deadline:
+                return False
+            self.finished.wait(0.1)
+        return True
+
+    def join(self, timeout_s: float) -> bool:
+        """Wait for the run to end by itself; stop it after `timeout_s`. True if it ended."""
+        ended = self.finished.wait(timeout_s)
+        if not ended:
+            self.stop.set()
+            # A stop still commits what is complete; that commit may take a while.
+            if not self.finished.wait(STOP_TIMEOUT_S):
+                raise RuntimeError(f"the replication did not stop within {STOP_TIMEOUT_S:.0f} s")
+        self._thread.join(10.0)
+        self.check()
+        return ended
+
+
+def _run_window(
+    spark: SparkSession, config: ReplicatorConfig, settings: SteadyStateSettings
+) -> _Window:
+    probe = DcpClient(config.source, Credentials(SIM_USERNAME, SIM_PASSWORD))
+    background = _BackgroundReplication(spark, config)
+    try:
+        background.start()
+        background.started.wait(settings.catch_up_timeout_s)
+        # The backfill, then the changes that piled up while it was committed, ...
+        warmed_up = all(
+            background.wait_committed(_total(probe.high_seqnos()), settings.catch_up_timeout_s)
+            for _ in range(settings.warmup_catch_ups)
+        )
+        start_ns = time.time_ns()
+        applied_before = _total(probe.high_seqnos())
+        background.finished.wait(settings.window_s)
+        background.check()
+        highs = probe.high_seqnos()
+        end_ns = time.time_ns()
+        assert background.replication is not None
+        background.replication.request_catch_up(highs)
+        # A replicator that never caught up will not drain the window either: do not wait.
+        drained = warmed_up and background.wait_committed(
+            _total(highs), settings.catch_up_timeout_s
+        )
+        drained_at_ns = time.time_ns()
+        background.join(STOP_TIMEOUT_S if drained else 0.0)
+    finally:
+        background.stop.set()
+        probe.close()
+    return _Window(
+        warmed_up=warmed_up,
+        start_ns=start_ns,
+        end_ns=end_ns,
+        applied_seqnos=_total(highs) - applied_before,
+        drained_after_s=(drained_at_ns - end_ns) / 1e9 if drained else None,
+    )
+
+
+def _total(seqnos: Mapping[int, int]) -> int:
+    return sum(seqnos.values())
+
+
+def _analyse(
+    spark: SparkSession, target: str, settings: SteadyStateSettings, window: _Window
+) -> SteadyStateResult:
+    from delta.tables import DeltaTable
+    from pyspark.sql import functions as F
+
+    seconds = (window.end_ns - window.start_ns) / 1e9
+    history = (
+        DeltaTable.forPath(spark, target)
+        .history()
+        .select("version", F.unix_millis("timestamp").alias("millis"), "userMetadata")
+        .orderBy("version")
+        .collect()
+    )
+    committed: dict[int, int] = {}
+    commits: list[tuple[int, int]] = []  # (commit time in ns, seqnos committed after it)
+    first_version_in_window: int | None = None
+    for row in history:
+        metadata = CommitMetadata.from_json(row["userMetadata"])
+        if metadata is None:
+            continue
+        committed.update({vb: p.seqno for vb, p in metadata.positions.items()})
+        commit_ns = int(row["millis"]) * 1_000_000
+        commits.append((commit_ns, sum(committed.values())))
+        if first_version_in_window is None and commit_ns >= window.start_ns:
+            first_version_in_window = int(row["version"])
+    committed_rate = committed_rate_over(commits, window.start_ns, window.end_ns)
+    in_window = [c for c in commits if window.start_ns <= c[0] <= window.end_ns]
+    quarter = (window.end_ns - window.start_ns) // 4
+    starting = first_version_in_window if first_version_in_window is not None else 0
+    lags = (
+        spark.read.format("delta")
+        .option("readChangeFeed", "true")
+        .option("startingVersion", starting)
+        .load(target)
+        .where(F.col("_change_type").isin("insert", "update_postimage"))
+        .where(F.col("cas").between(window.start_ns, window.end_ns))
+        .select(
+            "cas",
+            ((F.unix_micros("_commit_timestamp") * 1000 - F.col("cas")) / 1e6).alias("lag_ms"),
+        )
+        .cache()
+    )
+    try:
+        overall = _percentiles(lags)
+        first = _percentiles(lags.where(F.col("cas") < window.start_ns + quarter))
+        last = _percentiles(lags.where(F.col("cas") >= window.end_ns - quarter))
+    finally:
+        lags.unpersist()
+    applied_rate = window.applied_seqnos / seconds
+    lag_bounded = (
+        window.warmed_up
+        and window.drained_after_s is not None
+        and overall.rows > 0
+        and last.p50_ms <= first.p50_ms + settings.commit_interval_s * 1000
+    )
+    return SteadyStateResult(
+        offered_rate=settings.offered_rate,
+        applied_rate=applied_rate,
+        committed_rate=committed_rate,
+        warmed_up=window.warmed_up,
+        window_seconds=seconds,
+        commits_in_window=len(in_window),
+        lag=overall,
+        lag_first_quarter=first,
+        lag_last_quarter=last,
+        drained_after_s=window.drained_after_s,
+        producer_kept_pace=applied_rate >= KEEP_UP_SHARE * settings.offered_rate,
+        lag_bounded=lag_bounded,
+        keeps_up=lag_bounded and committed_rate >= KEEP_UP_SHARE * applied_rate,
+    )
+
+
+def committed_rate_over(commits: Sequence[tuple[int, int]], start_ns: int, end_ns: int) -> float:
+    """Seqnos committed per second between the commits that bracket [start, end] (pure).
+
+    `commits` are (commit time in ns, total seqnos committed after it), oldest first. The span
+    runs from the last commit at or before `start` (else the first after it) to the first
+    commit at or after `end` (else the last one): every commit cycle overlapping the window
+    counts whole, however long a cycle takes. 0.0 without two distinct commit times.
+
+    >>> commits = [(0, 0), (2_000_000_000, 100), (4_000_000_000, 300)]
+    >>> committed_rate_over(commits, 1_000_000_000, 3_000_000_000)
+    75.0
+    """
+    before = [c for c in commits if c[0] <= start_ns]
+    after = [c for c in commits if c[0] >= end_ns]
+    first = before[-1] if before else next((c for c in commits if c[0] > start_ns), None)
+    last = after[0] if after else (commits[-1] if commits else None)
+    if first is None or last is None or last[0] <= first[0]:
+        return 0.0
+    return (last[1] - first[1]) / ((last[0] - first[0]) / 1e9)
+
+
+def _percentiles(lags: DataFrame) -> LagPercentiles:
+    from pyspark.sql import functions as F
+
+    row = lags.agg(
+        F.count("*").alias("rows"),
+        F.percentile("lag_ms", [0.5, 0.99]).alias("quantiles"),
+        F.max("lag_ms").alias("max"),
+    ).first()
+    if row is None or not row["rows"]:
+        return LagPercentiles(0, 0.0, 0.0, 0.0)
+    p50, p99 = row["quantiles"]
+    return LagPercentiles(int(row["rows"]), float(p50), float(p99), float(row["max"]))

@@ -1,0 +1,242 @@
+"""One benchmark run: every measurement in turn for a preset, side by side, then the goals.
+
+A measurement that fails is recorded (its section stays empty, the reason is kept) and the run
+goes on, so one broken part never hides the others' numbers.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import tempfile
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
+
+from replicator.bench.drain import DrainResult, measure_drain
+from replicator.bench.goals import evaluate_goals
+from replicator.bench.initial_load import InitialLoadResult, bench_config, measure_initial_load
+from replicator.bench.machine import describe_machine
+from replicator.bench.memory import MemoryResult, measure_memory
+from replicator.bench.plain_append import PlainAppendResult, measure_plain_append
+from replicator.bench.presets import BenchPreset
+from replicator.bench.procfs import load_average
+from replicator.bench.report import BenchReport, load_ratio
+from replicator.bench.rollback import RollbackResult, measure_rollback
+from replicator.bench.serve import ServeResult, measure_serve
+from replicator.bench.simulator import SIM_PASSWORD, SIM_USERNAME, SimulatorProcess
+from replicator.bench.steady_state import (
+    SteadyStateResult,
+    SteadyStateSettings,
+    measure_steady_state,
+)
+from replicator.dcp.auth import Credentials
+from replicator.snapshots.planner import CommitThresholds
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+LOAD_BUCKET = "bench"
+Announce = Callable[[str], None]
+
+
+@dataclass
+class _Sections:
+    """Results gathered so far, and why sections failed."""
+
+    failures: dict[str, str] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
+    announce: Announce = print
+
+    def run(self, section: str, title: str, measure: Callable[[], T]) -> T | None:
+        self.announce(f"running {title} ...")
+        started = time.perf_counter()
+        try:
+            result = measure()
+        except Exception as exc:
+            self.seconds[section] = time.perf_counter() - started
+            log.error("%s failed:\n%s", section, traceback.format_exc())
+            self.failures[section] = f"{type(exc).__name__}: {exc}".splitlines()[0][:500]
+            self.announce(f"  {section} FAILED: {self.failures[section]}")
+            return None
+        self.seconds[section] = time.perf_counter() - started
+        self.announce(f"  {section} done in {self.seconds[section]:.1f} s")
+        return result
+
+
+def run_suite(
+    preset: BenchPreset,
+    *,
+    spark: SparkSession | None = None,
+    work_dir: str | None = None,
+    keep_work: bool = False,
+    announce: Announce = print,
+) -> BenchReport:
+    """Run every measurement of `preset`; returns the report (write it with report.write_report).
+
+    Tables, spill files and the simulators' logs go to `work_dir` (a new temporary directory
+    by default), which is removed afterwards unless `keep_work` or a measurement failed.
+    """
+    started_at = datetime.now(UTC).isoformat(timespec="seconds")
+    started = time.perf_counter()
+    work = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix="replicator-bench-"))
+    work.mkdir(parents=True, exist_ok=True)
+    if spark is None:
+        from replicator.spark import build_session
+
+        spark = build_session("replicator-bench")
+    machine = describe_machine(spark)
+    sections = _Sections(announce=announce)
+    alongside = _MemoryAlongside(preset, work, sections) if preset.memory_alongside else None
+
+    serve: ServeResult | None = sections.run(
+        "serve", "1. producer serve rate",
+        lambda: measure_serve(preset.docs, preset.doc_size, preset.vbuckets),
+    )  # fmt: skip
+    drain, initial = _load_from_one_producer(spark, preset, work, sections)
+    mirror_path = str(work / "mirror")
+    plain: PlainAppendResult | None = None
+    rollback: RollbackResult | None = None
+    if initial is not None:
+        plain = sections.run(
+            "plain_append", "4. plain Arrow append of the same rows",
+            lambda: measure_plain_append(
+                spark, mirror_path, str(work / "plain-append"),
+                max_chunk_bytes=CommitThresholds().max_bytes,
+            ),
+        )  # fmt: skip
+        rollback = sections.run(
+            "rollback", "7. one-vbucket rollback on the loaded mirror",
+            lambda: measure_rollback(
+                spark, mirror_path, LOAD_BUCKET, vbucket=preset.vbuckets // 3,
+                changed_docs=preset.rollback_changed_docs,
+            ),
+        )  # fmt: skip
+    else:
+        for section in ("plain_append", "rollback"):
+            sections.failures[section] = "not run: it needs the initial load's mirror"
+    steady: list[SteadyStateResult] = []
+    for rate in preset.steady_rates:
+        settings = SteadyStateSettings(
+            offered_rate=rate,
+            window_s=preset.steady_window_s,
+            seed_docs=preset.steady_seed_docs,
+            doc_size=preset.doc_size,
+            vbuckets=preset.vbuckets,
+            commit_interval_s=preset.steady_commit_interval_s,
+            catch_up_timeout_s=preset.catch_up_timeout_s,
+            warmup_catch_ups=preset.steady_warmup_catch_ups,
+        )
+        result = sections.run(
+            f"steady_state_{rate}", f"5. steady state at {rate:,} mutations/s",
+            lambda settings=settings: measure_steady_state(  # type: ignore[misc]
+                spark, settings, work_dir=str(work)
+            ),
+        )  # fmt: skip
+        if result is not None:
+            steady.append(result)
+    memory = alongside.join() if alongside is not None else _measure_memory(preset, work, sections)
+
+    ratio = load_ratio(initial, plain)
+    report = BenchReport(
+        preset=preset.name,
+        started_at=started_at,
+        docs=preset.docs,
+        doc_size=preset.doc_size,
+        vbuckets=preset.vbuckets,
+        machine=machine,
+        serve=serve,
+        drain=drain,
+        initial_load=initial,
+        plain_append=plain,
+        load_ratio=ratio,
+        steady_state=tuple(steady),
+        memory=memory,
+        rollback=rollback,
+        goals=evaluate_goals(
+            drain=drain, load_ratio=ratio, steady=steady, memory=memory, rollback=rollback
+        ),
+        load_average_at_end=load_average(),
+        seconds=time.perf_counter() - started,
+        failures=dict(sections.failures),
+        section_seconds=dict(sections.seconds),
+    )
+    if keep_work or sections.failures:
+        announce(f"work directory kept: {work}")
+    else:
+        shutil.rmtree(work, ignore_errors=True)
+    return report
+
+
+def _measure_memory(preset: BenchPreset, work: Path, sections: _Sections) -> MemoryResult | None:
+    return sections.run(
+        "memory", "6. peak memory, one vbucket of "
+        f"{preset.memory_snapshot_factor} x the {preset.memory_budget_mb} MB budget",
+        lambda: measure_memory(
+            memory_budget_mb=preset.memory_budget_mb, docs=preset.memory_docs,
+            doc_size=preset.memory_doc_size, work_dir=str(work),
+            jvm_options=preset.probe_jvm_options,
+        ),
+    )  # fmt: skip
+
+
+class _MemoryAlongside:
+    """Measurement 6 on a thread (its work happens in child processes) beside the others."""
+
+    def __init__(self, preset: BenchPreset, work: Path, sections: _Sections) -> None:
+        self._result: MemoryResult | None = None
+        self._thread = threading.Thread(
+            target=self._run, args=(preset, work, sections), name="bench-memory", daemon=True
+        )
+        self._thread.start()
+
+    def _run(self, preset: BenchPreset, work: Path, sections: _Sections) -> None:
+        self._result = _measure_memory(preset, work, sections)
+
+    def join(self) -> MemoryResult | None:
+        self._thread.join()
+        return self._result
+
+
+def _load_from_one_producer(
+    spark: SparkSession, preset: BenchPreset, work: Path, sections: _Sections
+) -> tuple[DrainResult | None, InitialLoadResult | None]:
+    """Measurements 2 and 3 share one producer process (loading it is the slow part)."""
+    announce = sections.announce
+    announce(f"starting a producer with {preset.docs:,} documents ...")
+    try:
+        simulator = SimulatorProcess(
+            LOAD_BUCKET, docs=preset.docs, doc_size=preset.doc_size, vbuckets=preset.vbuckets,
+            log_path=work / "sim-load.log",
+        ).start()  # fmt: skip
+    except Exception as exc:
+        sections.failures["drain"] = sections.failures["initial_load"] = str(exc)
+        return None, None
+    try:
+        drain: DrainResult | None = sections.run(
+            "drain", "2. protocol-layer drain",
+            lambda: measure_drain(
+                simulator.connection_string, Credentials(SIM_USERNAME, SIM_PASSWORD),
+                expected_documents=preset.docs,
+            ),
+        )  # fmt: skip
+        config = bench_config(
+            simulator.connection_string, str(work / "mirror"), SIM_PASSWORD,
+            until_caught_up=True, staging_dir=str(work / "staging-load"),
+        )  # fmt: skip
+        initial: InitialLoadResult | None = sections.run(
+            "initial_load", "3. initial load, end to end",
+            lambda: measure_initial_load(spark, config, expected_rows=preset.docs),
+        )
+    finally:
+        simulator.stop()
+    return drain, initial

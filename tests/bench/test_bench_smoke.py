@@ -1,0 +1,160 @@
+"""The benchmark suite still works: the smoke preset end to end, and the verdict logic.
+
+Speeds are never asserted here (benchmarks are not timed tests): only that every measurement
+ran, that the JSON report parses with every section present, and that its numbers are sane.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from replicator.bench.goals import evaluate_goals
+from replicator.bench.presets import PRESETS
+from replicator.bench.report import SECTIONS, BenchReport, render_markdown, render_table
+from replicator.bench.report import write_report as write_bench_report
+from replicator.bench.rollback import commit_file_actions
+from replicator.bench.steady_state import LagPercentiles, SteadyStateResult, committed_rate_over
+from replicator.bench.suite import run_suite
+
+
+@pytest.fixture(scope="module")
+def smoke_run(
+    spark: Any, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[BenchReport, dict[str, Any], Path]]:
+    """One run of the smoke preset on the shared session, its JSON read back from disk."""
+    output = tmp_path_factory.mktemp("bench-output")
+    report = run_suite(
+        PRESETS["smoke"],
+        spark=spark,
+        work_dir=str(tmp_path_factory.mktemp("bench-work")),
+        announce=lambda _message: None,
+    )
+    dated, latest = write_bench_report(report, output)
+    yield report, json.loads(latest.read_text()), dated
+
+
+@pytest.mark.spark
+@pytest.mark.timeout(900)
+def test_smoke_run_measures_every_section(
+    smoke_run: tuple[BenchReport, dict[str, Any], Path],
+) -> None:
+    _, document, dated = smoke_run
+    assert document["failures"] == {}
+    for section in SECTIONS:
+        assert document[section], f"section {section} is missing"
+    assert json.loads(dated.read_text()) == document
+    assert document["preset"] == "smoke"
+    assert document["machine"]["cores"] > 0 and document["machine"]["spark"].startswith("4.")
+    assert [goal["verdict"] for goal in document["goals"]] != []
+    assert {goal["verdict"] for goal in document["goals"]} <= {"PASS", "MISS"}
+
+
+@pytest.mark.spark
+@pytest.mark.timeout(900)
+def test_smoke_numbers_are_sane(smoke_run: tuple[BenchReport, dict[str, Any], Path]) -> None:
+    _, document, _ = smoke_run
+    preset = PRESETS["smoke"]
+    assert document["serve"]["messages"] >= preset.docs
+    assert document["serve"]["messages_per_second"] > 0
+    assert document["drain"]["documents"] == preset.docs
+    assert document["drain"]["messages_per_second"] > 0
+    assert document["drain"]["codec_messages_per_cpu_second"] > 0
+    load = document["initial_load"]
+    assert load["complete"] and load["rows_in_mirror"] == preset.docs
+    assert load["rows_per_second"] > 0
+    assert document["plain_append"]["rows"] == preset.docs
+    assert document["plain_append"]["rows_per_second"] > 0
+    assert 0 < document["load_ratio"] < 10
+    (steady,) = document["steady_state"]
+    assert steady["applied_rate"] > 0 and steady["committed_rate"] > 0
+    assert steady["lag"]["rows"] > 0
+    assert 0 <= steady["lag"]["p50_ms"] <= steady["lag"]["p99_ms"] <= steady["lag"]["max_ms"]
+    memory = document["memory"]
+    assert memory["complete"] and memory["rows"] == preset.memory_docs
+    assert memory["python_peak_rss_mib"] > 0 and memory["jvm_peak_rss_mib"] > 0
+    assert memory["snapshot_megabytes"] >= preset.memory_snapshot_factor * preset.memory_budget_mb
+    rollback = document["rollback"]
+    assert rollback["files_only_in_vbucket_partition"] is True
+    assert rollback["rows_restored"] is True
+    assert rollback["files_added"] + rollback["files_removed"] > 0
+    assert rollback["to_seqno"] < rollback["from_seqno"]
+
+
+@pytest.mark.spark
+@pytest.mark.timeout(900)
+def test_smoke_report_renders_every_measurement(
+    smoke_run: tuple[BenchReport, dict[str, Any], Path],
+) -> None:
+    report, _, _ = smoke_run
+    table = render_table(report)
+    markdown = render_markdown(report)
+    for number in range(1, 8):
+        assert f"\n{number}. " in table, f"measurement {number} missing from the table"
+    assert report.machine.cpu_model in table and report.machine.cpu_model in markdown
+    assert markdown.count("| PASS |") + markdown.count("| MISS |") == len(report.goals)
+
+
+def test_committed_rate_spans_the_commits_bracketing_the_window() -> None:
+    seconds = 1_000_000_000
+    commits = [(0, 0), (10 * seconds, 1_000), (20 * seconds, 1_500), (30 * seconds, 2_000)]
+    # Window 12..18 s: bracketed by the commits at 10 s and 20 s.
+    assert committed_rate_over(commits, 12 * seconds, 18 * seconds) == 50.0
+    assert committed_rate_over(commits, 0, 30 * seconds) == pytest.approx(2_000 / 30)
+    assert committed_rate_over(commits[:1], 0, seconds) == 0.0
+
+
+def test_file_actions_outside_the_partition_fail_the_check() -> None:
+    entry = "\n".join(
+        json.dumps(action)
+        for action in (
+            {"commitInfo": {"operation": "WRITE", "operationMetrics": {"numFiles": "1"}}},
+            {"add": {"path": "vbucket=3/part-0001.parquet"}},
+            {"remove": {"path": "vbucket%3D3/part-0000.parquet"}},
+            {"cdc": {"path": "_change_data/vbucket=3/cdc-0000.parquet"}},
+        )
+    )
+    actions = commit_file_actions(entry)
+    assert actions.removed == ("vbucket=3/part-0000.parquet",)
+    assert actions.operation_metrics == {"numFiles": "1"}
+    assert actions.all_under_partition("vbucket", 3)
+    assert not actions.all_under_partition("vbucket", 30)
+    stray = commit_file_actions(entry + '\n{"add": {"path": "vbucket=4/part-9.parquet"}}')
+    assert not stray.all_under_partition("vbucket", 3)
+    assert not commit_file_actions("").all_under_partition("vbucket", 3)
+
+
+def _steady(**overrides: Any) -> SteadyStateResult:
+    lag = LagPercentiles(rows=100, p50_ms=800.0, p99_ms=2_000.0, max_ms=2_500.0)
+    values: dict[str, Any] = {
+        "offered_rate": 20_000.0, "applied_rate": 19_900.0, "committed_rate": 19_800.0,
+        "warmed_up": True, "window_seconds": 30.0, "commits_in_window": 12, "lag": lag,
+        "lag_first_quarter": lag, "lag_last_quarter": lag, "drained_after_s": 2.0,
+        "producer_kept_pace": True, "lag_bounded": True, "keeps_up": True,
+    }  # fmt: skip
+    values.update(overrides)
+    return SteadyStateResult(**values)
+
+
+def test_steady_goal_needs_the_producer_to_offer_the_rate() -> None:
+    def verdict(*steady: SteadyStateResult) -> str:
+        goals = evaluate_goals(
+            drain=None, load_ratio=0.9, steady=steady, memory=None, rollback=None
+        )
+        (goal,) = [g for g in goals if "sustained" in g.goal]
+        return goal.verdict
+
+    assert verdict(_steady()) == "PASS"
+    assert verdict(_steady(applied_rate=12_000.0, producer_kept_pace=False)) == "MISS"
+    assert verdict(_steady(keeps_up=False)) == "MISS"
+    unmeasured = LagPercentiles(rows=0, p50_ms=0.0, p99_ms=0.0, max_ms=0.0)
+    assert verdict(_steady(lag=unmeasured)) == "MISS"
+    slow = LagPercentiles(rows=100, p50_ms=3_000.0, p99_ms=6_000.0, max_ms=7_000.0)
+    assert verdict(_steady(lag=slow)) == "MISS"
+    # The highest offered rate decides, whatever the order.
+    assert verdict(_steady(), _steady(offered_rate=5_000.0, keeps_up=False)) == "PASS"
+    assert verdict() == "NOT RUN"
