@@ -5,32 +5,20 @@ No other exception type may escape (struct.error, UnicodeDecodeError, cramjam er
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import struct
-from collections.abc import Callable
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from replicator.dcp.codec import (
-    ConnectionFeatures,
     Response,
-    decode_client_frame,
-    decode_server_frame,
     encode_dcp_message,
     encode_request,
     encode_response,
     encode_server_request,
-    failover_log_of,
-    hello_features_of,
-    not_my_vbucket_config_of,
-    rollback_seqno_of,
-    sasl_mechanisms_of,
-    vbucket_seqnos_of,
 )
-from replicator.dcp.frame import HEADER_SIZE, Frame, FrameReader
-from replicator.errors import ProtocolError
+from replicator.dcp.frame import HEADER_SIZE, FrameReader
+from replicator.dcp.fuzz import decode_everything, feed_chunks, fuzz_frames
 from tests.dcp import strategies as gen
 
 FUZZ = settings(
@@ -38,50 +26,10 @@ FUZZ = settings(
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
-MAX_BODY = 4096
-ALL_FEATURES = (
-    ConnectionFeatures(),
-    ConnectionFeatures(collections=True, delete_times=True),
-)
-_READERS = (
-    failover_log_of,
-    rollback_seqno_of,
-    vbucket_seqnos_of,
-    hello_features_of,
-    not_my_vbucket_config_of,
-    sasl_mechanisms_of,
-)
-
-
-def _decode_everything(frame: Frame) -> int:
-    """Run every decoder that could see this frame; return how many succeeded."""
-    decoded = 0
-    attempts: list[Callable[[], object]] = [
-        functools.partial(decode_server_frame, frame, negotiated) for negotiated in ALL_FEATURES
-    ]
-    attempts.append(functools.partial(decode_client_frame, frame))
-    for attempt in attempts:
-        try:
-            message = attempt()
-        except ProtocolError:
-            continue
-        decoded += 1
-        if isinstance(message, Response):
-            for reader in _READERS:
-                with contextlib.suppress(ProtocolError):
-                    reader(message)
-    return decoded
 
 
 def _feed_all(chunks: list[bytes]) -> None:
-    reader = FrameReader(max_body_size=MAX_BODY)
-    try:
-        for chunk in chunks:
-            for frame in reader.feed(chunk):
-                _decode_everything(frame)
-        reader.finish()
-    except ProtocolError as exc:
-        assert str(exc)
+    feed_chunks(chunks)
 
 
 @FUZZ
@@ -156,4 +104,18 @@ def test_fuzz_harness_sees_decoding_succeed_on_valid_frames() -> None:
     # Guard against a harness that would pass because nothing ever decodes.
     wire = encode_response(Response(0x53, 0x23, 1, value=b"\x00" * 8))
     (frame,) = FrameReader().feed(wire)
-    assert _decode_everything(frame) == 3
+    assert decode_everything(frame) == 3
+
+
+def test_seeded_fuzz_feeds_thousands_of_corrupted_frames_without_a_stray_exception() -> None:
+    report = fuzz_frames(3_000, seed=20)
+
+    assert report.inputs == 3_000
+    # Guards against a fuzzer whose inputs never reach the decoders or never break them.
+    assert report.decoded > 100
+    assert report.rejected > 1_000
+
+
+def test_seeded_fuzz_is_reproducible() -> None:
+    assert fuzz_frames(300, seed=7) == fuzz_frames(300, seed=7)
+    assert fuzz_frames(300, seed=7) != fuzz_frames(300, seed=8)

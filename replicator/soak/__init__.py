@@ -1,0 +1,19 @@
+"""Soak testing: the SIGKILL crash loop against the embedded producer, and its figures.
+
+>>> from replicator.soak import CrashLoopSettings, run_crash_loop  # doctest: +SKIP
+>>> report = run_crash_loop(CrashLoopSettings(work_dir=Path("soak"), kills=20), spark)  # +SKIP
+>>> print(report.render())  # doctest: +SKIP
+"""
+
+from replicator.soak.audit import MirrorAudit, MirrorViolation
+from replicator.soak.loop import CrashLoopFailure, CrashLoopSettings, run_crash_loop
+from replicator.soak.report import CrashLoopReport
+
+__all__ = [
+    "CrashLoopFailure",
+    "CrashLoopReport",
+    "CrashLoopSettings",
+    "MirrorAudit",
+    "MirrorViolation",
+    "run_crash_loop",
+]
