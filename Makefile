@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 JARS   := $(VENV)/.jars
 PYTEST_ARGS ?=
 
-.PHONY: setup jars test test-quick demo lint clean
+.PHONY: setup jars test test-quick demo bench soak lint clean
 
 setup: $(STAMP) $(JARS)
 
@@ -23,14 +23,25 @@ $(JARS): $(STAMP)
 
 jars: $(JARS)
 
+# Two workers, each file kept on one (its module fixtures and Spark session are built once).
 test: setup
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n 2 --dist loadfile -m "not soak" $(PYTEST_ARGS)
 
 test-quick: setup
-	$(PY) -m pytest -q -m "not spark and not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m "not spark and not slow and not soak" $(PYTEST_ARGS)
 
 demo: setup
 	$(VENV)/bin/replicator demo
+
+# Benchmarks are not tests: `make bench` measures (PRESET=quick|smoke for shorter runs).
+PRESET ?= default
+bench: setup
+	$(PY) jobs/bench.py --preset $(PRESET)
+
+# The long fault run: 200 SIGKILLs of a replicator under load, and a 100k-frame codec fuzz.
+soak: setup
+	$(PY) -m pytest -q -m soak $(PYTEST_ARGS)
+	$(PY) jobs/soak.py --kills 200 --fuzz 100000
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
