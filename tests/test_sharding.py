@@ -220,9 +220,10 @@ def test_two_shards_with_failovers_mirror_the_bucket_and_lose_no_commit(
     }
     assert main(["status", "--target", str(target)]) == 0
     shown = capsys.readouterr().out.splitlines()
-    header = next(line for line in shown if line.startswith("vbucket"))
+    header = next(line for line in shown if line.lstrip().startswith("vbucket"))
     assert header.split()[-1] == "owner"
-    table = [line.split() for line in shown if line[:1].isdigit()]
+    # Numeric columns are right-aligned: vbucket rows start with spaces.
+    table = [line.split() for line in shown if line.lstrip()[:1].isdigit()]
     assert {int(cells[0]): cells[-1] for cells in table} == {
         vb: "vb0-3" if vb < 4 else "vb4-7" for vb in range(VBUCKETS)
     }
