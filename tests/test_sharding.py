@@ -20,14 +20,10 @@ from typing import Any
 
 import pytest
 
-from replicator.delta.executor import (
-    CommitExecutor,
-    ConflictRetry,
-    delta_conflict_name,
-)
+from replicator.delta.executor import CommitExecutor
 from replicator.delta.ownership import OwnersTable
 from replicator.delta.schema import CommitMetadata, MirrorConfig
-from replicator.delta.table import open_or_create
+from replicator.delta.table import ConflictRetry, delta_conflict_name, open_or_create
 from replicator.sim.bucket import SimBucket
 from replicator.sim.cluster import SimCluster
 from replicator.sim.workload import Workload, initial_load, run_workload

@@ -22,8 +22,6 @@ version, and its txn ids make an attempt that did land count once.
 from __future__ import annotations
 
 import enum
-import logging
-import random
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -45,11 +43,16 @@ from replicator.delta.schema import (
     txn_app_id,
 )
 from replicator.delta.table import (
+    FENCING_CONFLICTS,
+    RETRIED_CONFLICTS,
     SESSION_WRITE_LOCK,
     CommitRecord,
+    ConflictRetry,
     MirrorTable,
+    delta_conflict_name,
     delta_write_confs,
     engine_error_summary,
+    retry_on_conflict,
 )
 from replicator.errors import OwnershipConflict, ReplicatorError
 from replicator.snapshots.planner import CommitBatch, VbucketCommit, deduplicate_changes
@@ -58,57 +61,11 @@ from replicator.snapshots.rows import CHANGE_SCHEMA as ARROW_CHANGE_SCHEMA
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
 
-log = logging.getLogger(__name__)
 
 FAULT_STEPS = ("before_data_commit", "after_data_commit", "after_checkpoint")
 """Steps at which the fault hook is called, in order, for each data commit."""
 
 FaultHook = Callable[[str], None]
-
-RETRIED_CONFLICTS = (
-    "ConcurrentAppendException",
-    "ConcurrentDeleteReadException",
-    "ConcurrentDeleteDeleteException",
-    "ConcurrentWriteException",
-    "MetadataChangedException",
-    "ProtocolChangedException",
-)
-"""Delta's refusals of a commit after another writer committed first, safe to retry: the
-write is recomputed from the new table version (a MERGE re-reads its target rows, an append
-or replaceWhere only ever holds this owner's vbuckets), and fencing is re-checked before."""
-
-FENCING_CONFLICTS = ("ConcurrentTransactionException",)
-"""Another process committed with our txnAppId at the same time: two writers share an owner
-id, which fencing must have prevented. Never retried."""
-
-
-@dataclass(frozen=True, slots=True)
-class ConflictRetry:
-    """Bounded retries with exponential backoff (and jitter, so shards do not retry in step)."""
-
-    attempts: int = 6
-    first_backoff_s: float = 0.2
-    max_backoff_s: float = 5.0
-
-    def __post_init__(self) -> None:
-        if self.attempts < 1:
-            raise ValueError(f"attempts must be at least 1, got {self.attempts}")
-        if self.first_backoff_s < 0 or self.max_backoff_s < self.first_backoff_s:
-            raise ValueError("backoffs must satisfy 0 <= first_backoff_s <= max_backoff_s")
-
-    def backoff_s(self, attempt: int, *, jitter: float = 1.0) -> float:
-        """Seconds to wait after failed attempt number `attempt` (from 1); `jitter` in [0.5, 1]."""
-        return float(min(self.max_backoff_s, self.first_backoff_s * 2 ** (attempt - 1)) * jitter)
-
-
-def delta_conflict_name(exc: BaseException) -> str | None:
-    """The Delta concurrency exception class `exc` is (e.g. ConcurrentAppendException), or None."""
-    summary = engine_error_summary(exc)
-    for name in (*RETRIED_CONFLICTS, *FENCING_CONFLICTS, "DeltaConcurrentModificationException"):
-        if name in summary or type(exc).__name__ == name:
-            return name
-    return None
-
 
 class WriteStrategy(enum.Enum):
     """How a commit writes its rows (named as dbt-spark names its incremental strategies)."""
@@ -424,41 +381,37 @@ class CommitExecutor:
         return _data_commit(record, strategy, already_committed)
 
     def _retrying(self, what: str, action: Callable[[], None], *, fence: bool) -> None:
-        """Run a commit, again after a retryable Delta conflict (bounded, with backoff).
+        """Run a commit through retry_on_conflict, counting retries.
 
         With `fence`, the claim is verified before each retry: a conflict may mean a rival
         writes our vbuckets, and then we must stop, not overwrite it.
         """
-        policy = self.conflict_retry
-        for attempt in range(1, policy.attempts + 1):
-            try:
-                action()
-                return
-            except Exception as exc:
-                conflict = delta_conflict_name(exc)
-                if conflict in FENCING_CONFLICTS:
-                    raise OwnershipConflict(
-                        f"{what}: another process committed with owner id "
-                        f"{self.claim.owner_id!r} at the same time ({conflict}); two "
-                        "replicators own the same vbuckets. Stop one of them"
-                    ) from exc
-                if conflict is None or conflict not in RETRIED_CONFLICTS:
-                    raise
-                if attempt == policy.attempts:
-                    raise CommitFailed(
-                        f"{what}: still conflicting with concurrent commits after "
-                        f"{policy.attempts} attempts ({conflict}); is something else (OPTIMIZE, "
-                        "another writer) rewriting these vbuckets' partitions?"
-                    ) from exc
-                wait = policy.backoff_s(attempt, jitter=random.uniform(0.5, 1.0))
-                self.conflicts_retried += 1
-                log.warning(
-                    "%s conflicted with a concurrent commit (%s); retry %d of %d in %.2fs",
-                    what, conflict, attempt, policy.attempts - 1, wait,
-                )
-                self._pause(wait)
-                if fence:
-                    self.owners.verify(self.claim)
+
+        def before_retry() -> None:
+            self.conflicts_retried += 1
+            if fence:
+                self.owners.verify(self.claim)
+
+        try:
+            retry_on_conflict(
+                action, what=what, policy=self.conflict_retry, before_retry=before_retry,
+                pause=self._pause,
+            )
+        except Exception as exc:
+            conflict = delta_conflict_name(exc)
+            if conflict in FENCING_CONFLICTS:
+                raise OwnershipConflict(
+                    f"{what}: another process committed with owner id "
+                    f"{self.claim.owner_id!r} at the same time ({conflict}); two "
+                    "replicators own the same vbuckets. Stop one of them"
+                ) from exc
+            if conflict in RETRIED_CONFLICTS:
+                raise CommitFailed(
+                    f"{what}: still conflicting with concurrent commits after "
+                    f"{self.conflict_retry.attempts} attempts ({conflict}); is something else "
+                    "(OPTIMIZE, another writer) rewriting these vbuckets' partitions?"
+                ) from exc
+            raise
 
     def _step(self, name: str) -> None:
         if self._fault_hook is not None:

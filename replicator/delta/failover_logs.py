@@ -65,7 +65,7 @@ class FailoverLogsTable:
                     .execute()
                 )
 
-        retry_on_conflict(merge)
+        retry_on_conflict(merge, what="saving failover logs")
 
     def load(self, vbuckets: Iterable[int] | None = None) -> dict[int, FailoverLog]:
         """The stored failover log of every vbucket that has one (or of the given ones)."""

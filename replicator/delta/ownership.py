@@ -214,7 +214,7 @@ class OwnersTable:
             return int(row[0]) if row is not None else 0
 
         with delta_write_confs(self.spark, user_metadata=_metadata("heartbeat", claim)):
-            updated = retry_on_conflict(update)
+            updated = retry_on_conflict(update, what=f"heartbeat of owner {claim.owner_id!r}")
         if updated == 0:
             self._safe_until.pop(claim.claim_id, None)
             raise self._lost(claim)
@@ -224,7 +224,9 @@ class OwnersTable:
         """Give the vbuckets up (a no-op if the claim is already gone)."""
         self._safe_until.pop(claim.claim_id, None)
         with delta_write_confs(self.spark, user_metadata=_metadata("release", claim)):
-            retry_on_conflict(lambda: self._delete(claim.claim_id))
+            retry_on_conflict(
+                lambda: self._delete(claim.claim_id), what=f"release of owner {claim.owner_id!r}"
+            )
 
     def verify(self, claim: OwnerClaim) -> None:
         """Fencing before a data commit: raise OwnershipConflict unless the claim still holds.

@@ -97,40 +97,90 @@ def engine_error_summary(exc: BaseException) -> str:
     return first[:500]
 
 
+RETRIED_CONFLICTS = (
+    "ConcurrentAppendException",
+    "ConcurrentDeleteReadException",
+    "ConcurrentDeleteDeleteException",
+    "ConcurrentWriteException",
+    "MetadataChangedException",
+    "ProtocolChangedException",
+)
+"""Delta's refusals of a commit after another writer committed first, safe to retry: the
+write is recomputed from the new table version (a MERGE re-reads its target rows, an append
+or replaceWhere only ever holds this owner's vbuckets)."""
+
+FENCING_CONFLICTS = ("ConcurrentTransactionException",)
+"""Another process committed with our txnAppId at the same time: two writers share an owner
+id, which fencing must have prevented. Never retried."""
+
+
+def delta_conflict_name(exc: BaseException) -> str | None:
+    """The Delta concurrency exception class `exc` is (e.g. ConcurrentAppendException), or None."""
+    summary = engine_error_summary(exc)
+    for name in (*RETRIED_CONFLICTS, *FENCING_CONFLICTS, "DeltaConcurrentModificationException"):
+        if name in summary or type(exc).__name__ == name:
+            return name
+    return None
+
+
 def is_concurrent_modification(exc: BaseException) -> bool:
     """True when Delta refused a commit because another writer committed first."""
     from delta.exceptions import DeltaConcurrentModificationException
 
     if isinstance(exc, DeltaConcurrentModificationException):
         return True
-    return "Concurrent" in engine_error_summary(exc) and "Exception" in engine_error_summary(exc)
+    return delta_conflict_name(exc) is not None
+
+
+@dataclass(frozen=True, slots=True)
+class ConflictRetry:
+    """Bounded retries with exponential backoff (and jitter, so shards do not retry in step)."""
+
+    attempts: int = 6
+    first_backoff_s: float = 0.2
+    max_backoff_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        if self.attempts < 1:
+            raise ValueError(f"attempts must be at least 1, got {self.attempts}")
+        if self.first_backoff_s < 0 or self.max_backoff_s < self.first_backoff_s:
+            raise ValueError("backoffs must satisfy 0 <= first_backoff_s <= max_backoff_s")
+
+    def backoff_s(self, attempt: int, *, jitter: float = 1.0) -> float:
+        """Seconds to wait after failed attempt number `attempt` (from 1); `jitter` in [0.5, 1]."""
+        return float(min(self.max_backoff_s, self.first_backoff_s * 2 ** (attempt - 1)) * jitter)
 
 
 def retry_on_conflict(
     action: Callable[[], T],
     *,
-    attempts: int = 8,
-    first_backoff_s: float = 0.1,
-    max_backoff_s: float = 3.0,
+    what: str = "a commit",
+    policy: ConflictRetry = ConflictRetry(),
+    before_retry: Callable[[], None] | None = None,
+    pause: Callable[[float], None] = time.sleep,
 ) -> T:
-    """Run `action`, again when a concurrent writer made the commit fail (it re-reads).
+    """Run `action`, again after a retryable Delta conflict (RETRIED_CONFLICTS), with backoff.
 
-    Shards share the unpartitioned owners and failover-log tables, so their heartbeats and
-    saves do collide; a jittered, growing backoff keeps them from colliding again in step.
+    Every commit goes through here: shards share the unpartitioned owners and failover-log
+    tables, so their heartbeats and saves do collide, and a data commit can meet an OPTIMIZE.
+    `before_retry` runs before each new attempt (the executor re-checks its claim there). The
+    last attempt's exception, or any other one, propagates.
     """
-    for attempt in range(1, attempts + 1):
+    for attempt in range(1, policy.attempts + 1):
         try:
             return action()
         except Exception as exc:
-            if attempt == attempts or not is_concurrent_modification(exc):
+            conflict = delta_conflict_name(exc)
+            if conflict not in RETRIED_CONFLICTS or attempt == policy.attempts:
                 raise
-            wait = min(max_backoff_s, first_backoff_s * 2 ** (attempt - 1))
-            wait *= random.uniform(0.5, 1.0)
+            wait = policy.backoff_s(attempt, jitter=random.uniform(0.5, 1.0))
             log.info(
-                "a concurrent commit got there first (%s); retry %d of %d in %.2fs",
-                engine_error_summary(exc), attempt, attempts - 1, wait,
+                "%s conflicted with a concurrent commit (%s); retry %d of %d in %.2fs",
+                what, conflict, attempt, policy.attempts - 1, wait,
             )
-            time.sleep(wait)
+            pause(wait)
+            if before_retry is not None:
+                before_retry()
     raise AssertionError("unreachable")
 
 
@@ -276,7 +326,9 @@ def open_or_create(spark: SparkSession, path: str, config: MirrorConfig) -> Mirr
     try:
         # Shards started together race to create the tables; the loser's next pass finds
         # them made and validates them.
-        retry_on_conflict(open_tables, attempts=3)
+        retry_on_conflict(
+            open_tables, what=f"opening the mirror at {path}", policy=ConflictRetry(attempts=3)
+        )
     except (NotAMirrorError, ConfigError):
         raise
     except Exception as exc:
