@@ -161,20 +161,27 @@ def connect_source(config: ReplicatorConfig, *, committed_position: Any = None) 
     )
 
 
-def staging_dir_for(config: ReplicatorConfig, owner_id: str) -> str:
-    """Beside the table by default, so executors on a cluster can read the spill files."""
+def staging_root(config: ReplicatorConfig) -> str:
+    """Where spill files go: `staging_dir`, else beside the table so executors can read them.
+
+    ConfigError for a target on an object store without a staging dir: spill files are
+    written with the driver's own filesystem calls, not Hadoop's.
+    """
     if config.staging_dir:
-        return str(Path(config.staging_dir) / owner_id)
+        return str(Path(config.staging_dir))
     scheme = urlparse(config.target).scheme
     if scheme not in ("", "file"):
-        # Spill files are written with the driver's own filesystem calls, not Hadoop's.
         raise ConfigError(
             f"the target {config.target} is on {scheme}://, where spill files cannot be "
             "written directly: set staging_dir (--staging-dir) to a directory on storage "
             "every executor can read, such as a shared mount"
         )
-    local = config.target.removeprefix("file://").rstrip("/")
-    return f"{local}/_replicator/staging/{owner_id}"
+    return f"{config.target.removeprefix('file://').rstrip('/')}/_replicator/staging"
+
+
+def staging_dir_for(config: ReplicatorConfig, owner_id: str) -> str:
+    """One owner's spill directory under staging_root (shards never share one)."""
+    return f"{staging_root(config)}/{owner_id}"
 
 
 def run_replication(
@@ -199,7 +206,7 @@ def run_replication(
 
     config.require_source_and_target()
     config.resolved_password()
-    staging_dir_for(config, "-")  # fails early when spill files would have nowhere to go
+    staging_root(config)  # fails early when spill files would have nowhere to go
     if spark is None:
         locate_delta_jars()
     stop = stop or threading.Event()

@@ -68,26 +68,23 @@ def build_session(
     """
     from pyspark.sql import SparkSession
 
-    submitted = "spark.master" in _submit_conf()
+    submitted = _submit_conf()
     settings: dict[str, str] = {}
     if master is not None:
         settings["spark.master"] = master
-    elif not submitted:
+    elif "spark.master" not in submitted:
         settings["spark.master"] = "local[2]"
-    effective_master = settings.get("spark.master") or _submit_conf().get("spark.master", "")
+    effective_master = settings.get("spark.master") or submitted.get("spark.master", "")
     if _is_local(effective_master):
         settings.update(LOCAL_DEFAULTS)
     else:
         # A cluster (spark://, yarn, k8s): the operator's spark-submit settings win; nothing
         # here may assume the driver's host or disk.
-        submitted_conf = _submit_conf()
-        settings.update(
-            {k: v for k, v in SESSION_DEFAULTS.items() if k not in submitted_conf}
-        )
+        settings.update({k: v for k, v in SESSION_DEFAULTS.items() if k not in submitted})
     settings.update(DELTA_CONF)
 
     if provide_jars is None:
-        provide_jars = not _submit_brings_delta()
+        provide_jars = not _brings_delta(submitted)
     if provide_jars:
         location = locate_delta_jars()
         settings["spark.jars"] = ",".join(str(p) for p in location.paths)
@@ -140,9 +137,9 @@ def _submit_conf() -> dict[str, str]:
     return dict(SparkConf().getAll())
 
 
-def _submit_brings_delta() -> bool:
-    conf = _submit_conf()
-    return any("delta" in conf.get(key, "") for key in ("spark.jars", "spark.jars.packages"))
+def _brings_delta(submitted: Mapping[str, str]) -> bool:
+    """Whether spark-submit's `--jars`/`--packages` already put Delta on the classpath."""
+    return any("delta" in submitted.get(key, "") for key in ("spark.jars", "spark.jars.packages"))
 
 
 __all__ = [
