@@ -21,7 +21,6 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -231,7 +230,7 @@ class StandaloneCluster:
         try:
             with urllib.request.urlopen(f"{self.web_url}/json/", timeout=5) as response:
                 return MasterState.from_json(json.load(response))
-        except (OSError, urllib.error.URLError, ValueError):
+        except (OSError, ValueError):  # URLError is an OSError
             return None
 
     # -- submitting ---------------------------------------------------------------------------

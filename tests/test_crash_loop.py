@@ -8,6 +8,7 @@ producer. Any lost, repeated or half-applied change raises MirrorViolation.
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 from typing import Any
 
@@ -19,14 +20,32 @@ from replicator.sim.bucket import SimBucket
 from replicator.sim.cluster import DEFAULT_PASSWORD, SimCluster
 from replicator.sim.workload import initial_load
 from replicator.soak import CrashLoopSettings, MirrorAudit, MirrorViolation, run_crash_loop
-from replicator.soak.loop import INITIAL_LOAD, STARTUP, STEADY
-
-# Twenty real restarts cost minutes of JVM and Delta start-up: `make soak` runs this file.
-pytestmark = [pytest.mark.spark, pytest.mark.soak, pytest.mark.timeout(1800)]
+from replicator.soak.loop import INITIAL_LOAD, STARTUP, STEADY, fault_schedule
 
 KILLS = 20
 
 
+@pytest.mark.parametrize("kills", [1, 2, 3, 8, 20, 200])
+def test_every_scheduled_fault_comes_after_a_kill_the_loop_reaches(kills: int) -> None:
+    for seed in range(30):
+        failovers = min(2, kills)
+        purges = min(2, kills - failovers)
+        schedule = fault_schedule(kills, failovers, purges, random.Random(seed))
+
+        cycles = [cycle for cycle, _ in schedule]
+        assert all(0 <= cycle < kills for cycle in cycles), schedule
+        assert cycles == sorted(set(cycles)), "one fault per cycle, in order"
+        assert sorted(kind for _, kind in schedule) == sorted(
+            ["failover"] * failovers + ["purge"] * purges
+        )
+        if kills >= 20:  # room to keep the faults off the first quarter and the last two kills
+            assert all(kills // 4 <= cycle < kills - 2 for cycle in cycles), schedule
+
+
+# Twenty real restarts cost minutes of JVM and Delta start-up: `make soak` runs this.
+@pytest.mark.spark
+@pytest.mark.soak
+@pytest.mark.timeout(1800)
 def test_twenty_sigkills_lose_nothing_and_apply_nothing_twice(
     spark: Any, tmp_path: Path
 ) -> None:
@@ -44,6 +63,9 @@ def test_twenty_sigkills_lose_nothing_and_apply_nothing_twice(
     assert report.documents_at_end > 0
 
 
+@pytest.mark.spark
+@pytest.mark.soak
+@pytest.mark.timeout(1800)
 def test_the_audit_catches_an_unnamed_change_and_a_lost_document(
     spark: Any, tmp_path: Path
 ) -> None:

@@ -14,7 +14,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ from replicator.delta.table import ConflictRetry, delta_conflict_name, open_or_c
 from replicator.sim.bucket import SimBucket
 from replicator.sim.cluster import SimCluster
 from replicator.sim.workload import Workload, initial_load, run_workload
+from replicator.soak.table_log import commits_after
 from tests.cli import PASSWORD, REPO, CliRun, clean_env, replicator_command
 from tests.delta.helpers import batch, delete, upsert, vbucket_commit
 from tests.mirror_check import assert_mirror_equals_bucket
@@ -52,27 +53,18 @@ def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None
 
 def replicator_commits(target: Path) -> list[tuple[int, CommitMetadata]]:
     """(version, metadata) of every replicator commit, read from the log files (no Spark)."""
-    commits = []
-    for path in sorted((target / "_delta_log").glob("*.json")):
-        for line in path.read_text().splitlines():
-            info = json.loads(line).get("commitInfo")
-            if info and info.get("userMetadata"):
-                metadata = CommitMetadata.from_json(info["userMetadata"])
-                if metadata is not None:
-                    commits.append((int(path.stem), metadata))
-    return commits
+    return [(c.version, c.metadata) for c in commits_after(target, -1) if c.metadata is not None]
 
 
 def committed_seqnos(target: Path) -> dict[int, int]:
     """Each vbucket's seqno as of the newest commit that reached it."""
     seqnos: dict[int, int] = {}
-    if (target / "_delta_log").is_dir():
-        for _, metadata in replicator_commits(target):
-            seqnos.update({vb: p.seqno for vb, p in metadata.positions.items()})
+    for _, metadata in replicator_commits(target):
+        seqnos.update({vb: p.seqno for vb, p in metadata.positions.items()})
     return seqnos
 
 
-def caught_up(target: Path, bucket: SimBucket, vbuckets: Any = None) -> bool:
+def caught_up(target: Path, bucket: SimBucket, vbuckets: Iterable[int] | None = None) -> bool:
     highs = bucket.high_seqnos()
     wanted = range(VBUCKETS) if vbuckets is None else vbuckets
     seqnos = committed_seqnos(target)
@@ -99,11 +91,6 @@ class ShardProcess:
                 self.process.kill()
                 self.process.wait(30)
         return CliRun(code, self.stdout_path.read_text(), self.stderr_path.read_text())
-
-    def wait(self) -> CliRun:
-        return self.stop() if self.process.poll() is None else CliRun(
-            self.process.returncode, self.stdout_path.read_text(), self.stderr_path.read_text()
-        )
 
 
 def run_args(cluster: SimCluster, target: Path, vbuckets: str) -> list[str]:

@@ -112,11 +112,6 @@ class MirrorAudit:
             self._kinds[RESYNC],
         )
 
-    @property
-    def last_version(self) -> int:
-        """The newest version checked (-1 before any)."""
-        return self._last_version
-
     def committed_seqnos(self) -> dict[int, int]:
         """Each vbucket's committed seqno as of the newest checked version."""
         return dict(self._committed)

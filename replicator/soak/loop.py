@@ -28,7 +28,12 @@ from replicator.sim.bucket import SimBucket
 from replicator.sim.cluster import DEFAULT_PASSWORD, SimCluster
 from replicator.sim.workload import Workload, WorkloadMix, initial_load, run_workload
 from replicator.soak.audit import MirrorAudit
-from replicator.soak.process import JvmTuning, ReplicatorProcess, default_class_archive
+from replicator.soak.process import (
+    JvmTuning,
+    ReplicatorProcess,
+    default_class_archive,
+    replicator_environment,
+)
 from replicator.soak.report import CrashLoopReport
 from replicator.soak.table_log import newest_version
 
@@ -77,7 +82,23 @@ class CrashLoopSettings:
         if not 0 <= self.startup_kill_share <= 1:
             raise ValueError(f"startup_kill_share must be in [0, 1], got {self.startup_kill_share}")
         if self.failovers + self.purges > self.kills:
-            raise ValueError("faults are injected between kills: give more kills than faults")
+            raise ValueError("faults are injected after kills: give at least one kill per fault")
+
+
+def fault_schedule(
+    kills: int, failovers: int, purges: int, rng: random.Random
+) -> list[tuple[int, str]]:
+    """After which kill cycle (0 to kills - 1) each fault comes, in order: spread over the
+    middle of the loop, before the last two kills when there is room."""
+    faults = ["failover"] * failovers + ["purge"] * purges
+    rng.shuffle(faults)
+    low = max(1, kills // 4)
+    # Every cycle must be one the loop reaches (below `kills`), else the fault would silently
+    # never be injected.
+    high = min(kills, max(kills - 2, low + len(faults)))
+    low = max(0, min(low, high - len(faults)))
+    cycles = sorted(rng.sample(range(low, high), len(faults)))
+    return list(zip(cycles, faults, strict=True))
 
 
 class _WorkloadThread:
@@ -162,7 +183,9 @@ class CrashLoop:
         bucket = SimBucket("soak", num_vbuckets=settings.vbuckets, seed=settings.seed)
         initial_load(bucket, docs=settings.initial_docs, doc_size=settings.doc_size,
                      seed=settings.seed)
-        fault_cycles = self._fault_schedule()
+        fault_cycles = fault_schedule(
+            settings.kills, settings.failovers, settings.purges, self._rng
+        )
         with SimCluster(bucket, nodes=settings.nodes) as cluster:
             audit = MirrorAudit(self._spark, self._target, bucket)
             workload = _WorkloadThread(
@@ -216,14 +239,9 @@ class CrashLoop:
     def _start(self, cluster: SimCluster, *extra: str, submit_args: str | None = None
                ) -> ReplicatorProcess:
         settings = self.settings
-        env = {
-            name: value for name, value in os.environ.items() if not name.startswith("REPLICATOR_")
-        }
-        for kept in ("REPLICATOR_JAR_CACHE", "REPLICATOR_DELTA_JARS"):
-            if kept in os.environ:
-                env[kept] = os.environ[kept]
-        env["REPLICATOR_PASSWORD"] = DEFAULT_PASSWORD
-        env["PYSPARK_SUBMIT_ARGS"] = submit_args or settings.jvm.submit_args()
+        env = replicator_environment(
+            DEFAULT_PASSWORD, PYSPARK_SUBMIT_ARGS=submit_args or settings.jvm.submit_args()
+        )
         args = [
             "run", "--source", cluster.connection_string, "--target", str(self._target),
             "--commit-interval-s", str(settings.commit_interval_s),
@@ -242,7 +260,7 @@ class CrashLoop:
         process = self._start(
             cluster, submit_args=self.settings.jvm.submit_args(write_archive_to=partial)
         )
-        self._wait_for(process, lambda: self._has_new_version(process, -1), "a first commit")
+        self._wait_for(process, lambda: self._has_new_version(-1), "a first commit")
         code = process.stop(self.settings.run_timeout_s)
         if code != 0:
             raise CrashLoopFailure(self._failure(process, f"warm-up run exited with {code}"))
@@ -282,7 +300,7 @@ class CrashLoop:
             self._wait_for(
                 process,
                 lambda: ROLLBACK_LOG_LINE in process.output()
-                or self._has_new_version(process, before_version),
+                or self._has_new_version(before_version),
                 "the rollback",
             )
             self._pause(process, rng.uniform(0.0, 1.5))
@@ -293,7 +311,7 @@ class CrashLoop:
         else:
             phase = INITIAL_LOAD if initial else STEADY
             self._wait_for(
-                process, lambda: self._has_new_version(process, before_version), "a commit"
+                process, lambda: self._has_new_version(before_version), "a commit"
             )
             self._startup_times.append(time.monotonic() - process.started_at)
             self._pause(process, rng.uniform(0.0, 1.0))
@@ -312,7 +330,7 @@ class CrashLoop:
         if code != 0:
             raise CrashLoopFailure(self._failure(process, f"the final run exited with {code}"))
 
-    def _has_new_version(self, process: ReplicatorProcess, version: int) -> bool:
+    def _has_new_version(self, version: int) -> bool:
         newest = newest_version(self._target)
         return newest is not None and newest > version
 
@@ -336,15 +354,6 @@ class CrashLoop:
         return f"{what} (run log {process.log_path}):\n{tail}"
 
     # -- faults -----------------------------------------------------------------------------
-
-    def _fault_schedule(self) -> list[tuple[int, str]]:
-        """After which kills the faults come: spread over the middle of the loop."""
-        kills = self.settings.kills
-        faults = ["failover"] * self.settings.failovers + ["purge"] * self.settings.purges
-        self._rng.shuffle(faults)
-        low, high = max(1, kills // 4), max(1, kills - 2)
-        cycles = sorted(self._rng.sample(range(low, max(high, low + len(faults))), len(faults)))
-        return list(zip(cycles, faults, strict=True))
 
     def _inject_due_faults(
         self,

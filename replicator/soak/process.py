@@ -58,6 +58,23 @@ class JvmTuning:
         return f"--driver-memory {self.driver_memory} --driver-java-options {options} pyspark-shell"
 
 
+KEPT_SETTINGS = ("REPLICATOR_JAR_CACHE", "REPLICATOR_DELTA_JARS")
+"""REPLICATOR_* settings of the machine itself (where the jars are) that a child still needs."""
+
+
+def replicator_environment(password: str, **extra: str) -> dict[str, str]:
+    """This process's environment for a `replicator` child: no REPLICATOR_* setting of ours
+    leaks into it (but KEPT_SETTINGS), the password is set, then `extra`."""
+    env = {
+        name: value
+        for name, value in os.environ.items()
+        if not name.startswith("REPLICATOR_") or name in KEPT_SETTINGS
+    }
+    env["REPLICATOR_PASSWORD"] = password
+    env.update(extra)
+    return env
+
+
 def replicator_command() -> list[str]:
     """The `replicator` script beside this interpreter, else `python -m replicator.cli`."""
     script = Path(sys.executable).parent / "replicator"

@@ -28,20 +28,16 @@ FUZZ = settings(
 )
 
 
-def _feed_all(chunks: list[bytes]) -> None:
-    feed_chunks(chunks)
-
-
 @FUZZ
 @given(st.lists(st.binary(max_size=120), max_size=4))
 def test_random_bytes(chunks: list[bytes]) -> None:
-    _feed_all(chunks)
+    feed_chunks(chunks)
 
 
 @FUZZ
 @given(st.binary(min_size=HEADER_SIZE - 4, max_size=200), st.sampled_from([0x80, 0x81, 0x08, 0x82]))
 def test_random_bodies_behind_a_known_magic(data: bytes, magic: int) -> None:
-    _feed_all([bytes((magic,)) + data])
+    feed_chunks([bytes((magic,)) + data])
 
 
 @st.composite
@@ -91,13 +87,13 @@ def _mutated_wire(draw: st.DrawFn) -> bytes:
 @FUZZ
 @given(_mutated_wire(), st.integers(1, 64))
 def test_mutated_valid_frames(wire: bytes, piece: int) -> None:
-    _feed_all([wire[i : i + piece] for i in range(0, len(wire), piece)])
+    feed_chunks([wire[i : i + piece] for i in range(0, len(wire), piece)])
 
 
 @settings(FUZZ, max_examples=120)
 @given(st.lists(_mutated_wire(), min_size=2, max_size=4))
 def test_mutated_frames_back_to_back(wires: list[bytes]) -> None:
-    _feed_all([b"".join(wires)])
+    feed_chunks([b"".join(wires)])
 
 
 def test_fuzz_harness_sees_decoding_succeed_on_valid_frames() -> None:
