@@ -282,6 +282,14 @@ class Replication:
     def positions(self) -> dict[int, VbucketPosition]:
         return {vb: state.committed for vb, state in self._state.items()}
 
+    def staged_up_to(self) -> dict[int, int]:
+        """Per vbucket, the end seqno of its newest complete snapshot staged but not committed."""
+        return {
+            vb: runs[-1].end_seqno
+            for vb, runs in self._staging.stager.ready_snapshots().items()
+            if runs
+        }
+
     # --- events ------------------------------------------------------------------------
 
     def _handle(self, event: StreamEvent) -> None:

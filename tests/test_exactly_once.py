@@ -15,10 +15,8 @@ from typing import Any
 import pytest
 from delta.tables import DeltaTable
 
-from replicator.config import ReplicatorConfig, Secret
 from replicator.delta.executor import FAULT_STEPS
 from replicator.replication import ReplicationSummary
-from replicator.runner import run_replication
 from replicator.sim.bucket import SimBucket
 from replicator.sim.cluster import SimCluster
 from replicator.sim.workload import Workload, WorkloadMix, initial_load
@@ -27,6 +25,7 @@ from tests.mirror_check import (
     assert_mirror_equals_bucket,
     assert_no_change_applied_twice,
 )
+from tests.replication_runs import replicate as replicate_once
 
 pytestmark = pytest.mark.spark
 
@@ -50,18 +49,8 @@ def crash_at(step: str, occurrence: int = 1) -> Callable[[str], None]:
 def replicate(
     spark: Any, cluster: SimCluster, target: Path, **overrides: Any
 ) -> ReplicationSummary:
-    fault_hook = overrides.pop("fault_hook", None)
-    settings: dict[str, Any] = {
-        "source": cluster.connection_string,
-        "target": str(target),
-        "password": Secret("password"),
-        "until_caught_up": True,
-        "commit_interval_s": 0.1,
-        "commit_max_rows": 150,
-        "progress": "off",
-    }
-    settings.update(overrides)
-    return run_replication(ReplicatorConfig(**settings), spark=spark, fault_hook=fault_hook)
+    """A run that commits at most 150 rows at a time, so a load is several commits."""
+    return replicate_once(spark, cluster, target, **{"commit_max_rows": 150, **overrides})
 
 
 @pytest.fixture

@@ -10,25 +10,19 @@ producer's history is unbroken, also with every table version a whole-snapshot s
 from __future__ import annotations
 
 import errno
-import json
 import logging
-import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 import pytest
 from delta.tables import DeltaTable
 
-from replicator.config import ReplicatorConfig, Secret
-from replicator.delta.schema import RESYNC, ROLLBACK
+from replicator.config import ReplicatorConfig
 from replicator.errors import ReplicatorError
-from replicator.replication import Replication, ReplicationSummary
 from replicator.runner import run_replication
 from replicator.sim.bucket import SimBucket, Upsert
-from replicator.sim.cluster import DEFAULT_PASSWORD, SimCluster
+from replicator.sim.cluster import SimCluster
 from replicator.sim.failover_table import StreamRangeError, StreamRequest
 from replicator.sim.faults import MalformedFrame
 from replicator.sim.server import ServerOptions
@@ -40,6 +34,7 @@ from tests.mirror_check import (
     assert_no_change_applied_twice,
     mirror_frame,
 )
+from tests.replication_runs import BackgroundReplication, replicator_settings
 
 pytestmark = pytest.mark.spark
 
@@ -49,95 +44,16 @@ NO_EXPIRIES = WorkloadMix(inserts=4, updates=4, deletes=2, expiries=0)
 FaultHook = Callable[[str], None]
 
 
-class BackgroundReplication:
-    """`run_replication` in continuous mode on a thread, for faults injected while it runs."""
-
-    def __init__(
-        self, spark: Any, config: ReplicatorConfig, *, fault_hook: FaultHook | None = None
-    ) -> None:
-        self._spark = spark
-        self._config = config
-        self._fault_hook = fault_hook
-        self._stop = threading.Event()
-        self._started = threading.Event()
-        self._done = threading.Event()
-        self._replication: Replication | None = None
-        self._summary: ReplicationSummary | None = None
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="replication", daemon=True)
-
-    def _run(self) -> None:
-        try:
-            self._summary = run_replication(
-                self._config, spark=self._spark, stop=self._stop,
-                fault_hook=self._fault_hook, on_started=self._on_started,
-            )
-        except BaseException as exc:  # handed to the test thread by finish/wait_for
-            self._error = exc
-        finally:
-            self._done.set()
-
-    def _on_started(self, replication: Replication) -> None:
-        self._replication = replication
-        self._started.set()
-
-    def __enter__(self) -> BackgroundReplication:
-        self._thread.start()
-        self.wait_for(self._started.is_set, "the replication to start", timeout=240.0)
-        return self
-
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        value: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self._stop.set()
-        self._thread.join(timeout=60.0)
-
-    @property
-    def replication(self) -> Replication:
-        assert self._replication is not None, "the replication has not started"
-        return self._replication
-
-    def wait_for(self, condition: Callable[[], bool], what: str, *, timeout: float = 90.0) -> None:
-        """Return once `condition()` holds; fail on timeout or if the run ended first."""
-        deadline = time.monotonic() + timeout
-        while not condition():
-            if self._done.is_set():
-                raise AssertionError(f"the run ended while waiting for {what}") from self._error
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
-            self._done.wait(0.02)
-
-    def finish(self, bucket: SimBucket, *, timeout: float = 180.0) -> ReplicationSummary:
-        """Catch up to the producer's current high seqnos, stop, and return the summary."""
-        highs = bucket.high_seqnos()
-        self.replication.request_catch_up(highs)
-        if not self._done.wait(timeout):
-            committed = {vb: p.seqno for vb, p in self.replication.positions().items()}
-            raise AssertionError(
-                f"no catch-up within {timeout:g} s: committed {committed}, targets {highs}, "
-                f"{self.replication.stats}"
-            )
-        if self._error is not None:
-            raise self._error
-        assert self._summary is not None and self._summary.caught_up
-        return self._summary
-
-
 def settings(cluster: SimCluster, tmp_path: Path, **overrides: Any) -> ReplicatorConfig:
+    """A continuous run (unless overridden) with its spill files in the test's directory."""
     values: dict[str, Any] = {
-        "source": cluster.connection_string,
-        "target": str(tmp_path / "mirror"),
         "staging_dir": str(tmp_path / "staging"),
-        "password": Secret(DEFAULT_PASSWORD),
+        "until_caught_up": False,
         "commit_interval_s": 0.5,
         "commit_max_rows": 10_000,
-        "progress": "off",
     }
     values.update(overrides)
-    return ReplicatorConfig(**values)
+    return replicator_settings(cluster, tmp_path / "mirror", **values)
 
 
 def write_changes(bucket: SimBucket, workload: Workload, batches: int, size: int = 20) -> None:
@@ -167,38 +83,6 @@ def table_version(spark: Any, target: str) -> int:
     return int(DeltaTable.forPath(spark, target).history(1).collect()[0]["version"])
 
 
-def rewinds(spark: Any, target: str) -> tuple[set[int], int]:
-    """Vbuckets that a rollback or resync commit rewound, and the last such table version."""
-    rewound: set[int] = set()
-    last = -1
-    for row in DeltaTable.forPath(spark, target).history().collect():
-        details = json.loads(row["userMetadata"]) if row["userMetadata"] else {}
-        if details.get("kind") in (ROLLBACK, RESYNC):
-            rewound.add(int(details["vbucket"]))
-            last = max(last, int(row["version"]))
-    return rewound, last
-
-
-def assert_no_change_applied_twice_but_rewound(spark: Any, target: str) -> set[int]:
-    """After a rollback the producer re-sends the seqnos above the rewound boundary that it
-    kept, so those may land twice by design. Everything else may not: no repeat in vbuckets
-    never rewound, and no repeat at all since the last rewind. Returns the rewound vbuckets."""
-    rewound, last = rewinds(spark, target)
-    feed = (
-        spark.read.format("delta").option("readChangeFeed", "true")
-        .option("startingVersion", 0).load(target)
-        .where("_change_type IN ('insert', 'update_postimage')")
-    )
-    keys = ["vbucket", "collection_id", "key", "seqno"]
-    for scope, frame in [
-        ("never rewound vbuckets", feed.where(~feed.vbucket.isin(sorted(rewound)))),
-        ("changes since the last rewind", feed.where(feed._commit_version > last)),
-    ]:
-        repeated = frame.groupBy(*keys).count().where("count > 1").limit(5).collect()
-        assert not repeated, f"{scope}: changes applied more than once: {repeated}"
-    return rewound
-
-
 def assert_mirror_complete(spark: Any, target: str, bucket: SimBucket, *, versions: bool) -> None:
     assert_mirror_equals_bucket(spark, target, bucket)
     assert_no_change_applied_twice(spark, target)
@@ -223,8 +107,7 @@ def backfill_cluster() -> Iterator[SimCluster]:
 
 
 def caught_up_with(run: BackgroundReplication, bucket: SimBucket) -> bool:
-    committed = {vb: p.seqno for vb, p in run.replication.positions().items()}
-    return committed == bucket.high_seqnos()
+    return dict(run.progress.committed) == bucket.high_seqnos()
 
 
 def dcp_sessions(cluster: SimCluster) -> int:
@@ -232,11 +115,11 @@ def dcp_sessions(cluster: SimCluster) -> int:
 
 
 def no_vbucket_committed(run: BackgroundReplication) -> bool:
-    return all(p.seqno == 0 for p in run.replication.positions().values())
+    return all(seqno == 0 for seqno in run.progress.committed.values())
 
 
 def rows_staged_mid_snapshot(run: BackgroundReplication) -> bool:
-    return run.replication.summary().peak_buffered_bytes > 0 and no_vbucket_committed(run)
+    return run.progress.peak_buffered_bytes > 0 and no_vbucket_committed(run)
 
 
 # --- network faults ---------------------------------------------------------------------------
@@ -256,7 +139,7 @@ def test_connection_dropped_mid_snapshot_through_a_tiny_window_on_a_slow_network
                      "the dropped streams to be handed up")
         cluster.slow_sending(None)
         write_changes(bucket, fresh_workload(bucket, seed=1), batches=5)
-        summary = run.finish(bucket)
+        summary = run.finish(bucket.high_seqnos())
 
     # 16 KB of window against ~100 KB per vbucket snapshot: acks were not held for commits.
     assert summary.items_committed >= 800
@@ -282,7 +165,7 @@ def test_stalled_producer_is_declared_dead_and_replaced(
             run.wait_for(lambda: any(s.dcp_name for s in cluster.sessions(0) if s not in stalled),
                          "a new DCP connection to node 0")
             write_changes(bucket, workload, batches=3)
-            run.finish(bucket)
+            run.finish(bucket.high_seqnos())
     assert_mirror_complete(spark, config.target, bucket, versions=False)
 
 
@@ -305,7 +188,7 @@ def test_rebalance_moves_vbuckets_mid_snapshot_and_after_adding_a_node(
         spread = cluster.rebalance("spread")
         assert spread.active_nodes != moved.active_nodes and 2 in spread.active_nodes
         write_changes(bucket, workload, batches=3)
-        run.finish(bucket)
+        run.finish(bucket.high_seqnos())
 
     assert log_count(info_logs, "stream ended (STATE_CHANGED)") >= VBUCKETS
     assert_mirror_complete(spark, config.target, bucket, versions=False)
@@ -330,7 +213,7 @@ def test_producer_restart_keeping_its_data_resumes_the_streams(
         run.wait_for(lambda: caught_up_with(run, bucket), "the changes to be committed")
         cluster.restart_node(0)
         write_changes(bucket, workload, batches=2)
-        summary = run.finish(bucket)
+        summary = run.finish(bucket.high_seqnos())
     assert summary.rollbacks == 0
     assert log_count(info_logs, "stream ended (DISCONNECTED)") >= len(cluster.node_vbuckets(0))
     assert_mirror_complete(spark, config.target, bucket, versions=False)
@@ -349,12 +232,12 @@ def test_producer_restart_losing_its_last_items_rolls_the_mirror_back(
         run.wait_for(lambda: caught_up_with(run, bucket), "the changes to be committed")
         cluster.restart_node(1, lose_last=3)
         write_changes(bucket, fresh_workload(bucket, seed=5), batches=2)
-        run.wait_for(lambda: run.replication.stats.rollbacks >= len(hit),
+        run.wait_for(lambda: run.progress.rollbacks >= len(hit),
                      "the mirror to roll the vbuckets back")
     summary = run_replication(settings(cluster, tmp_path, until_caught_up=True), spark=spark)
     assert summary.caught_up
     assert_mirror_equals_bucket(spark, config.target, bucket)
-    assert assert_no_change_applied_twice_but_rewound(spark, config.target) >= set(hit)
+    assert assert_no_change_applied_twice(spark, config.target) >= set(hit)
 
 
 def test_producer_restart_wiping_its_data_empties_those_vbuckets(
@@ -372,13 +255,13 @@ def test_producer_restart_wiping_its_data_empties_those_vbuckets(
             run.wait_for(lambda: caught_up_with(run, bucket), "the documents to be committed")
             cluster.restart_node(0, wipe=True)
             assert all(bucket.high_seqnos()[vb] == 0 for vb in wiped)
-            run.wait_for(lambda: run.replication.stats.full_resyncs >= len(wiped),
+            run.wait_for(lambda: run.progress.full_resyncs >= len(wiped),
                          "the wiped vbuckets to be resynced")
-            summary = run.finish(bucket)
+            summary = run.finish(bucket.high_seqnos())
         assert summary.rollbacks >= len(wiped) and summary.full_resyncs >= len(wiped)
     assert not [r for r in bucket.documents() if r.vbucket in wiped]
     assert_mirror_equals_bucket(spark, config.target, bucket)
-    assert assert_no_change_applied_twice_but_rewound(spark, config.target) >= set(wiped)
+    assert assert_no_change_applied_twice(spark, config.target) >= set(wiped)
 
 
 def test_resume_beyond_the_producer_high_seqno_erange_rolls_back(
@@ -413,7 +296,7 @@ def test_resume_beyond_the_producer_high_seqno_erange_rolls_back(
     assert summary.rollbacks >= 1
     assert log_count(info_logs, "beyond the producer's high seqno") >= 1
     assert_mirror_equals_bucket(spark, config.target, bucket)
-    assert assert_no_change_applied_twice_but_rewound(spark, config.target) == {lossy}
+    assert assert_no_change_applied_twice(spark, config.target) == {lossy}
 
 
 # --- bad input --------------------------------------------------------------------------------
@@ -435,7 +318,7 @@ def test_malformed_frames_replace_the_connection_and_streams_resume(
                 run.wait_for(logged_more(info_logs, "connection lost", than=lost_before),
                              f"the {kind.value} frame to break its connection")
             write_changes(bucket, workload, batches=2)
-            run.finish(bucket)
+            run.finish(bucket.high_seqnos())
     assert_mirror_complete(spark, config.target, bucket, versions=True)
 
 

@@ -15,32 +15,19 @@ import pytest
 from chispa import assert_df_equality
 from delta.tables import DeltaTable
 
-from replicator.config import ReplicatorConfig, Secret
 from replicator.delta.checkpoints import CheckpointsTable
 from replicator.delta.schema import MirrorConfig
 from replicator.delta.table import open_or_create
-from replicator.replication import ReplicationSummary
-from replicator.runner import run_replication
 from replicator.sim.bucket import SimBucket
 from replicator.sim.cluster import SimCluster
 from replicator.sim.workload import initial_load
 from tests.mirror_check import assert_mirror_equals_bucket, mirror_frame
+from tests.replication_runs import replicate
 
 pytestmark = pytest.mark.spark
 
 VBUCKETS = 4
 ROLLED = 2
-
-
-def keys_in_vbucket(bucket: SimBucket, vbucket: int, count: int, prefix: str) -> list[str]:
-    keys: list[str] = []
-    index = 0
-    while len(keys) < count:
-        key = f"{prefix}-{index}"
-        if bucket.vbucket_for(key) == vbucket:
-            keys.append(key)
-        index += 1
-    return keys
 
 
 def write_docs(bucket: SimBucket, keys: list[str], round_: int) -> None:
@@ -54,21 +41,6 @@ def cluster() -> Iterator[SimCluster]:
     initial_load(bucket, docs=120, doc_size=150, seed=11)
     with SimCluster(bucket, nodes=1) as running:
         yield running
-
-
-def replicate(
-    spark: Any, cluster: SimCluster, target: Path, **overrides: Any
-) -> ReplicationSummary:
-    settings: dict[str, Any] = {
-        "source": cluster.connection_string,
-        "target": str(target),
-        "password": Secret("password"),
-        "until_caught_up": True,
-        "commit_interval_s": 0.1,
-        "progress": "off",
-    }
-    settings.update(overrides)
-    return run_replication(ReplicatorConfig(**settings), spark=spark)
 
 
 def positions(spark: Any, target: Path) -> dict[int, tuple[int, int]]:
@@ -88,14 +60,14 @@ def test_failover_losing_last_mutations_rolls_back_only_that_vbucket(
     bucket = cluster.bucket
     replicate(spark, cluster, target)
     first_boundary = positions(spark, target)[ROLLED][0]
-    write_docs(bucket, keys_in_vbucket(bucket, ROLLED, 6, "late"), round_=1)
+    write_docs(bucket, bucket.keys_in_vbucket(ROLLED, 6, "late"), round_=1)
     replicate(spark, cluster, target)
     before = positions(spark, target)
     other_rows_before = others(mirror_frame(spark, str(target))).collect()
     assert before[ROLLED][0] == first_boundary + 6
 
     cluster.failover(ROLLED, lose_last=4)  # branch point between the two committed boundaries
-    write_docs(bucket, keys_in_vbucket(bucket, ROLLED, 3, "after-failover"), round_=2)
+    write_docs(bucket, bucket.keys_in_vbucket(ROLLED, 3, "after-failover"), round_=2)
     summary = replicate(spark, cluster, target)
 
     assert summary.rollbacks == 1
@@ -130,12 +102,12 @@ def test_purged_tombstones_force_full_resync_that_drops_deleted_keys(
 ) -> None:
     target = tmp_path / "mirror"
     bucket = cluster.bucket
-    doomed = keys_in_vbucket(bucket, ROLLED, 3, "doomed")
+    doomed = bucket.keys_in_vbucket(ROLLED, 3, "doomed")
     write_docs(bucket, doomed, round_=0)
     replicate(spark, cluster, target)
     for key in doomed:
         bucket.delete(key)
-    write_docs(bucket, keys_in_vbucket(bucket, ROLLED, 2, "fresh"), round_=1)
+    write_docs(bucket, bucket.keys_in_vbucket(ROLLED, 2, "fresh"), round_=1)
     cluster.purge_tombstones(ROLLED)
     other_rows_before = others(mirror_frame(spark, str(target))).collect()
 
@@ -158,7 +130,7 @@ def test_rollback_beyond_vacuumed_history_resyncs_instead_of_failing(
     target = tmp_path / "mirror"
     bucket = cluster.bucket
     replicate(spark, cluster, target)
-    write_docs(bucket, keys_in_vbucket(bucket, ROLLED, 6, "late"), round_=1)
+    write_docs(bucket, bucket.keys_in_vbucket(ROLLED, 6, "late"), round_=1)
     replicate(spark, cluster, target)
     spark.conf.set("spark.databricks.delta.retentionDurationCheck.enabled", "false")
     try:

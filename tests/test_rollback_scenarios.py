@@ -9,18 +9,15 @@ away included), with `assert_every_version_consistent_across_rollbacks`.
 from __future__ import annotations
 
 import json
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from delta.tables import DeltaTable
 
-from replicator.config import ReplicatorConfig, Secret
 from replicator.delta.schema import COMMIT, ROLLBACK
-from replicator.replication import Replication, ReplicationSummary
-from replicator.runner import run_replication
+from replicator.replication import Replication
 from replicator.sim import commands
 from replicator.sim.bucket import SimBucket
 from replicator.sim.cluster import SimCluster
@@ -33,58 +30,22 @@ from tests.mirror_check import (
     fail_over_recording,
     mirror_frame,
 )
+from tests.replication_runs import BackgroundReplication, replicate, replicator_settings
 
 pytestmark = pytest.mark.spark
 
 VBUCKETS = 4
 ROLLED = 1
 MIX = WorkloadMix(inserts=6, updates=3, deletes=1, expiries=0)
-WAIT_S = 120.0
-"""Upper bound on any wait for the replicator (generous: the suite shares two cores)."""
 
 
 # --- helpers ----------------------------------------------------------------------------------
 
 
-def keys_in_vbucket(bucket: SimBucket, vbucket: int, count: int, prefix: str) -> list[str]:
-    keys: list[str] = []
-    index = 0
-    while len(keys) < count:
-        key = f"{prefix}-{index}"
-        if bucket.vbucket_for(key) == vbucket:
-            keys.append(key)
-        index += 1
-    return keys
-
-
 def write_docs(bucket: SimBucket, vbucket: int, count: int, prefix: str) -> None:
     """`count` new documents in `vbucket`: its high seqno goes up by exactly `count`."""
-    for key in keys_in_vbucket(bucket, vbucket, count, prefix):
+    for key in bucket.keys_in_vbucket(vbucket, count, prefix):
         bucket.upsert(key, json.dumps({"key": key, "prefix": prefix}).encode())
-
-
-def settings(cluster: SimCluster, target: Path, **overrides: Any) -> ReplicatorConfig:
-    values: dict[str, Any] = {
-        "source": cluster.connection_string,
-        "target": str(target),
-        "password": Secret("password"),
-        "until_caught_up": True,
-        "commit_interval_s": 0.1,
-        "progress": "off",
-    }
-    values.update(overrides)
-    return ReplicatorConfig(**values)
-
-
-def replicate(
-    spark: Any, cluster: SimCluster, target: Path, **overrides: Any
-) -> ReplicationSummary:
-    fault_hook = overrides.pop("fault_hook", None)
-    on_started = overrides.pop("on_started", None)
-    return run_replication(
-        settings(cluster, target, **overrides), spark=spark, fault_hook=fault_hook,
-        on_started=on_started,
-    )
 
 
 def rows_outside(spark: Any, target: Path, vbucket: int) -> list[Any]:
@@ -111,77 +72,6 @@ def commit_kinds_since(spark: Any, target: Path, version: int) -> list[tuple[int
 
 def latest_version(spark: Any, target: Path) -> int:
     return int(DeltaTable.forPath(spark, str(target)).history(1).collect()[0]["version"])
-
-
-class ReplicationProbe:
-    """What a replication running in another thread has done, published after each of its
-    steps (on its own thread, so the reads are consistent) for the test to wait on."""
-
-    def __init__(self) -> None:
-        self._condition = threading.Condition()
-        self.committed: dict[int, int] = {}
-        self.ready_up_to: dict[int, int] = {}
-        self.rollbacks = 0
-        self.replication: Replication | None = None
-
-    def attach(self, replication: Replication) -> None:
-        """Use as `on_started`: wrap the driver's step to publish after each one."""
-        self.replication = replication
-        inner = replication.step
-
-        def step(*, poll_timeout: float) -> None:
-            inner(poll_timeout=poll_timeout)
-            self._publish(replication)
-
-        replication.step = step  # type: ignore[method-assign]
-
-    def _publish(self, replication: Replication) -> None:
-        committed = {vb: p.seqno for vb, p in replication.positions().items()}
-        # Test instrumentation: which complete snapshots sit staged, not yet committed.
-        staged = replication._staging.stager.ready_snapshots()
-        ready = {vb: runs[-1].end_seqno for vb, runs in staged.items() if runs}
-        with self._condition:
-            self.committed, self.ready_up_to = committed, ready
-            self.rollbacks = replication.stats.rollbacks
-            self._condition.notify_all()
-
-    def wait_until(self, condition: Callable[[ReplicationProbe], bool], what: str) -> None:
-        with self._condition:
-            if not self._condition.wait_for(lambda: condition(self), timeout=WAIT_S):
-                raise AssertionError(
-                    f"timed out waiting until {what}: committed {self.committed}, "
-                    f"staged up to {self.ready_up_to}, rollbacks {self.rollbacks}"
-                )
-
-
-class BackgroundReplication:
-    """`run_replication` on a thread until `stop`; `finish()` re-raises its failure."""
-
-    def __init__(self, spark: Any, config: ReplicatorConfig, probe: ReplicationProbe) -> None:
-        self.stop = threading.Event()
-        self.summary: ReplicationSummary | None = None
-        self._error: BaseException | None = None
-
-        def run() -> None:
-            try:
-                self.summary = run_replication(
-                    config, spark=spark, stop=self.stop, on_started=probe.attach
-                )
-            except BaseException as exc:  # handed to the test thread by finish()
-                self._error = exc
-
-        self._thread = threading.Thread(target=run, name="replication", daemon=True)
-        self._thread.start()
-
-    def finish(self, *, stop: bool = True) -> ReplicationSummary:
-        if stop:
-            self.stop.set()
-        self._thread.join(WAIT_S)
-        assert not self._thread.is_alive(), "the replication did not stop"
-        if self._error is not None:
-            raise self._error
-        assert self.summary is not None
-        return self.summary
 
 
 @pytest.fixture
@@ -260,20 +150,17 @@ def test_failover_during_a_continuous_initial_load_ends_equal_to_the_producer(
     bucket.apply_batch(before.inserts(40))
     target = tmp_path / "mirror"
     with SimCluster(bucket, nodes=1) as cluster:
-        probe = ReplicationProbe()
-        run = BackgroundReplication(
-            spark, settings(cluster, target, until_caught_up=False, commit_interval_s=0.05), probe
-        )
-        try:
+        config = replicator_settings(cluster, target, until_caught_up=False, commit_interval_s=0.05)
+        with BackgroundReplication(spark, config) as run:
             # The load goes on in waves; V commits its first snapshots meanwhile.
             for _ in range(3):
                 bucket.apply_batch(before.next_batch(40))
                 reached = bucket.high_seqnos()[ROLLED]
-                probe.wait_until(
-                    lambda p, s=reached: p.committed.get(ROLLED, 0) >= s,  # type: ignore[misc]
+                run.wait_for(
+                    lambda s=reached: run.progress.committed.get(ROLLED, 0) >= s,  # type: ignore[misc]
                     f"vbucket {ROLLED} committed seqno {reached}",
                 )
-            committed = probe.committed[ROLLED]
+            committed = run.progress.committed[ROLLED]
             write_docs(bucket, ROLLED, 3, "uncommitted")
             # Lose the 3 uncommitted items and the last 2 committed: the mirror must roll back.
             lost = [fail_over_recording(bucket, ROLLED, lose_last=5)]
@@ -281,12 +168,8 @@ def test_failover_during_a_continuous_initial_load_ends_equal_to_the_producer(
             after = Workload(seed=99, doc_size=120, mix=MIX)
             for _ in range(2):
                 bucket.apply_batch(after.next_batch(40))
-            probe.wait_until(lambda p: p.rollbacks >= 1, f"vbucket {ROLLED} rolled back")
-            assert probe.replication is not None
-            probe.replication.request_catch_up(bucket.high_seqnos())
-            summary = run.finish(stop=False)
-        finally:
-            run.stop.set()
+            run.wait_for(lambda: run.progress.rollbacks >= 1, f"vbucket {ROLLED} rolled back")
+            summary = run.finish(bucket.high_seqnos())
     assert summary.caught_up
     assert summary.rollbacks >= 1
     assert_mirror_equals_bucket(spark, str(target), bucket)
@@ -308,35 +191,31 @@ def test_failover_while_snapshots_wait_for_a_group_commit_drops_only_that_vbucke
     c1 = c0 + 4
     start_version = latest_version(spark, target)
 
-    probe = ReplicationProbe()
     # Nothing commits on its own during this run: every complete snapshot waits for the stop.
-    config = settings(
+    config = replicator_settings(
         cluster, target, until_caught_up=False, commit_interval_s=3600, commit_max_rows=10**6
     )
-    run = BackgroundReplication(spark, config, probe)
-    try:
+    with BackgroundReplication(spark, config) as run:
         for vb in range(VBUCKETS):
             write_docs(bucket, vb, 5, "gathered")
         highs = bucket.high_seqnos()
-        probe.wait_until(
-            lambda p: all(p.ready_up_to.get(vb) == highs[vb] for vb in range(VBUCKETS)),
+        run.wait_for(
+            lambda: all(run.progress.staged_up_to.get(vb) == highs[vb] for vb in range(VBUCKETS)),
             "every vbucket's new snapshots are staged",
         )
-        assert probe.committed[ROLLED] == c1
+        assert run.progress.committed[ROLLED] == c1
         lost = [fail_over_recording(bucket, ROLLED, lose_last=7)]  # branch c0+2 < c1
-        probe.wait_until(
-            lambda p: p.rollbacks == 1 and p.committed.get(ROLLED) == c0,
+        run.wait_for(
+            lambda: run.progress.rollbacks == 1 and run.progress.committed.get(ROLLED) == c0,
             f"vbucket {ROLLED} rewound to {c0}",
         )
         write_docs(bucket, ROLLED, 3, "new-branch")
         new_high = bucket.high_seqnos()[ROLLED]
-        probe.wait_until(
-            lambda p: p.ready_up_to.get(ROLLED) == new_high,
+        run.wait_for(
+            lambda: run.progress.staged_up_to.get(ROLLED) == new_high,
             f"vbucket {ROLLED}'s new branch is staged up to {new_high}",
         )
-        summary = run.finish()
-    finally:
-        run.stop.set()
+        summary = run.stop()
 
     assert summary.rollbacks == 1
     assert summary.full_resyncs == 0
@@ -361,7 +240,7 @@ def test_purge_below_the_committed_position_resumes_without_rollback_and_sends_t
 ) -> None:
     target = tmp_path / "mirror"
     bucket = cluster.bucket
-    doomed = keys_in_vbucket(bucket, ROLLED, 3, "doomed")
+    doomed = bucket.keys_in_vbucket(ROLLED, 3, "doomed")
     for key in doomed:
         bucket.upsert(key, b'{"doomed": true}')
     for key in doomed[:2]:

@@ -159,6 +159,22 @@ class SimBucket:
         """The vbucket a key lives in."""
         return vbucket_for_key(_key_bytes(key), self.num_vbuckets)
 
+    def keys_in_vbucket(self, vbucket: int, count: int, prefix: str) -> list[str]:
+        """The first `count` keys `{prefix}-0`, `{prefix}-1`, ... that live in `vbucket`.
+
+        For aiming writes (and faults) at one vbucket; the keys need not exist.
+        """
+        if not 0 <= vbucket < self.num_vbuckets:
+            raise ValueError(f"vbucket {vbucket} is not in 0..{self.num_vbuckets - 1}")
+        keys: list[str] = []
+        index = 0
+        while len(keys) < count:
+            key = f"{prefix}-{index}"
+            if self.vbucket_for(key) == vbucket:
+                keys.append(key)
+            index += 1
+        return keys
+
     @property
     def manifest(self) -> CollectionsManifest:
         """The collections manifest; change it only through the bucket's methods."""

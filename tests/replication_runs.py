@@ -1,0 +1,167 @@
+"""Driving the replicator from tests against the embedded producer.
+
+`replicate` is one in-process run (until caught up by default); `BackgroundReplication` is a
+continuous run on a thread, for faults injected while it runs. Its `progress` is published by
+the replication thread after each of its steps, so the test thread reads a consistent copy.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from replicator.config import ReplicatorConfig, Secret
+from replicator.delta.executor import FaultHook
+from replicator.replication import Replication, ReplicationSummary
+from replicator.runner import run_replication
+from replicator.sim.cluster import DEFAULT_PASSWORD, SimCluster
+
+WAIT_S = 120.0
+"""Upper bound on any wait for the replicator (generous: the suite shares two cores)."""
+
+
+def replicator_settings(cluster: SimCluster, target: Path, **overrides: Any) -> ReplicatorConfig:
+    """A run of `cluster` into `target` until caught up, committing often; `overrides` win."""
+    values: dict[str, Any] = {
+        "source": cluster.connection_string,
+        "target": str(target),
+        "password": Secret(DEFAULT_PASSWORD),
+        "until_caught_up": True,
+        "commit_interval_s": 0.1,
+        "progress": "off",
+    }
+    values.update(overrides)
+    return ReplicatorConfig(**values)
+
+
+def replicate(
+    spark: Any,
+    cluster: SimCluster,
+    target: Path,
+    *,
+    fault_hook: FaultHook | None = None,
+    on_started: Callable[[Replication], None] | None = None,
+    **overrides: Any,
+) -> ReplicationSummary:
+    """One in-process run with `replicator_settings(cluster, target, **overrides)`."""
+    return run_replication(
+        replicator_settings(cluster, target, **overrides), spark=spark,
+        fault_hook=fault_hook, on_started=on_started,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class RunProgress:
+    """What a background run had done after its latest step."""
+
+    committed: Mapping[int, int] = field(default_factory=dict)
+    staged_up_to: Mapping[int, int] = field(default_factory=dict)
+    rollbacks: int = 0
+    full_resyncs: int = 0
+    peak_buffered_bytes: int = 0
+
+
+class BackgroundReplication:
+    """`run_replication` in continuous mode on a thread; use as a context manager."""
+
+    def __init__(
+        self, spark: Any, config: ReplicatorConfig, *, fault_hook: FaultHook | None = None
+    ) -> None:
+        self._spark = spark
+        self._config = config
+        self._fault_hook = fault_hook
+        self._stop = threading.Event()
+        self._started = threading.Event()
+        self._done = threading.Event()
+        self._replication: Replication | None = None
+        self._summary: ReplicationSummary | None = None
+        self._error: BaseException | None = None
+        self.progress = RunProgress()
+        self._thread = threading.Thread(target=self._run, name="replication", daemon=True)
+
+    def _run(self) -> None:
+        try:
+            self._summary = run_replication(
+                self._config, spark=self._spark, stop=self._stop,
+                fault_hook=self._fault_hook, on_started=self._on_started,
+            )
+        except BaseException as exc:  # handed to the test thread by finish/wait_for
+            self._error = exc
+        finally:
+            self._done.set()
+
+    def _on_started(self, replication: Replication) -> None:
+        inner = replication.step
+
+        def step(*, poll_timeout: float) -> None:
+            inner(poll_timeout=poll_timeout)
+            summary = replication.summary()
+            self.progress = RunProgress(
+                committed={vb: p.seqno for vb, p in replication.positions().items()},
+                staged_up_to=replication.staged_up_to(),
+                rollbacks=summary.rollbacks,
+                full_resyncs=summary.full_resyncs,
+                peak_buffered_bytes=summary.peak_buffered_bytes,
+            )
+
+        replication.step = step  # type: ignore[method-assign]
+        self._replication = replication
+        self._started.set()
+
+    def __enter__(self) -> BackgroundReplication:
+        self._thread.start()
+        self.wait_for(self._started.is_set, "the replication to start", timeout=240.0)
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        value: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self._stop.set()
+        self._thread.join(timeout=60.0)
+
+    @property
+    def replication(self) -> Replication:
+        assert self._replication is not None, "the replication has not started"
+        return self._replication
+
+    def wait_for(
+        self, condition: Callable[[], bool], what: str, *, timeout: float = WAIT_S
+    ) -> None:
+        """Return once `condition()` holds; fail on timeout or if the run ended first."""
+        deadline = time.monotonic() + timeout
+        while not condition():
+            if self._done.is_set():
+                raise AssertionError(f"the run ended while waiting for {what}") from self._error
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"timed out after {timeout:g} s waiting for {what}: {self.progress}"
+                )
+            self._done.wait(0.02)
+
+    def finish(self, targets: Mapping[int, int], *, timeout: float = 180.0) -> ReplicationSummary:
+        """Catch up to `targets` (seqno per vbucket), stop, and return the summary."""
+        self.replication.request_catch_up(targets)
+        summary = self._ended(timeout, f"no catch-up to {dict(targets)}")
+        assert summary.caught_up
+        return summary
+
+    def stop(self, *, timeout: float = 180.0) -> ReplicationSummary:
+        """Stop as an operator's SIGTERM does (complete snapshots commit) and return the summary."""
+        self._stop.set()
+        return self._ended(timeout, "the run did not stop")
+
+    def _ended(self, timeout: float, failure: str) -> ReplicationSummary:
+        if not self._done.wait(timeout):
+            raise AssertionError(f"{failure} within {timeout:g} s: {self.progress}")
+        if self._error is not None:
+            raise self._error
+        assert self._summary is not None
+        return self._summary
