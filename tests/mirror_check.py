@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 from chispa import assert_df_equality
@@ -14,32 +13,7 @@ from delta.tables import DeltaTable
 from replicator.dcp.positions import FailoverLog
 from replicator.delta.schema import DATA_COLUMNS, DATA_SCHEMA, RESYNC, ROLLBACK
 from replicator.sim.bucket import DocumentRecord, SimBucket
-
-
-def expected_row(record: DocumentRecord) -> tuple[Any, ...]:
-    """The mirror row a live document must become, written out independently of the pipeline."""
-    scope, _, collection = record.collection.partition(".")
-    xattrs = (
-        "{" + ",".join(f"{json.dumps(name)}:{value}" for name, value in record.xattrs) + "}"
-        if record.xattrs
-        else None
-    )
-    return (
-        record.vbucket,
-        scope,
-        collection,
-        record.collection_id,
-        record.key.decode(),
-        record.seqno,
-        record.rev_seqno,
-        record.cas,
-        record.flags,
-        datetime.fromtimestamp(record.expiry, UTC).replace(tzinfo=None) if record.expiry else None,
-        record.is_json,
-        record.value.decode() if record.is_json else None,
-        None if record.is_json else record.value,
-        xattrs,
-    )
+from replicator.soak.audit import expected_row
 
 
 def expected_frame(spark: Any, records: Iterable[DocumentRecord]) -> Any:

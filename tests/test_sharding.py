@@ -13,8 +13,7 @@ import json
 import signal
 import subprocess
 import threading
-import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +27,7 @@ from replicator.sim.bucket import SimBucket
 from replicator.sim.cluster import SimCluster
 from replicator.sim.workload import Workload, initial_load, run_workload
 from replicator.soak.table_log import commits_after
-from tests.cli import PASSWORD, REPO, CliRun, clean_env, replicator_command
+from tests.cli import PASSWORD, REPO, CliRun, clean_env, replicator_command, wait_until
 from tests.delta.helpers import batch, delete, upsert, vbucket_commit
 from tests.mirror_check import assert_mirror_equals_bucket
 
@@ -41,14 +40,6 @@ FAILED_OVER = (1, 5)
 RUN_TIMEOUT = 300.0
 WORKLOAD_OPS = 400
 WORKLOAD_SECONDS = 4.0
-
-
-def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(0.2)
 
 
 def replicator_commits(target: Path) -> list[tuple[int, CommitMetadata]]:

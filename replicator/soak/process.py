@@ -62,15 +62,16 @@ KEPT_SETTINGS = ("REPLICATOR_JAR_CACHE", "REPLICATOR_DELTA_JARS")
 """REPLICATOR_* settings of the machine itself (where the jars are) that a child still needs."""
 
 
-def replicator_environment(password: str, **extra: str) -> dict[str, str]:
+def replicator_environment(password: str | None, **extra: str) -> dict[str, str]:
     """This process's environment for a `replicator` child: no REPLICATOR_* setting of ours
-    leaks into it (but KEPT_SETTINGS), the password is set, then `extra`."""
+    leaks into it (but KEPT_SETTINGS), the password is set (unless None), then `extra`."""
     env = {
         name: value
         for name, value in os.environ.items()
         if not name.startswith("REPLICATOR_") or name in KEPT_SETTINGS
     }
-    env["REPLICATOR_PASSWORD"] = password
+    if password is not None:
+        env["REPLICATOR_PASSWORD"] = password
     env.update(extra)
     return env
 

@@ -6,37 +6,21 @@ Shared by this package's modules: how to run the command and what a user error m
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+from replicator.soak.process import replicator_command, replicator_environment
 
 REPO = Path(__file__).resolve().parents[2]
 PASSWORD = "Tr1cky-Pa55-7741"
 """The simulated cluster's password: no output may ever contain it."""
 
-_KEPT_ENV = ("REPLICATOR_JAR_CACHE", "REPLICATOR_DELTA_JARS")
-"""Settings of the test machine itself that the commands under test still need."""
-
-
-def replicator_command() -> list[str]:
-    """The installed `replicator` script beside this interpreter, else `python -m`."""
-    script = Path(sys.executable).parent / "replicator"
-    return [str(script)] if script.exists() else [sys.executable, "-m", "replicator.cli"]
-
-
 def clean_env(password: str | None = PASSWORD, **extra: str) -> dict[str, str]:
     """This environment without REPLICATOR_* settings, plus the password and `extra`."""
-    env = {
-        name: value
-        for name, value in os.environ.items()
-        if not name.startswith("REPLICATOR_") or name in _KEPT_ENV
-    }
-    if password is not None:
-        env["REPLICATOR_PASSWORD"] = password
-    env.update(extra)
-    return env
+    return replicator_environment(password, **extra)
 
 
 @dataclass(frozen=True)
@@ -80,3 +64,12 @@ def assert_one_line_error(stderr: str, *fragments: str) -> str:
     for fragment in fragments:
         assert fragment in errors[0], errors[0]
     return errors[0]
+
+
+def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    """Return once `condition()` holds; AssertionError naming `what` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(0.2)

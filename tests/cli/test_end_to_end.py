@@ -26,7 +26,16 @@ from replicator.cli import EXIT_DIFFERENT, EXIT_OK, main
 from replicator.sim.bucket import SimBucket
 from replicator.sim.cluster import SimCluster
 from replicator.sim.workload import initial_load
-from tests.cli import PASSWORD, REPO, CliRun, clean_env, replicator_command, run_cli
+from replicator.soak.table_log import table_versions
+from tests.cli import (
+    PASSWORD,
+    REPO,
+    CliRun,
+    clean_env,
+    replicator_command,
+    run_cli,
+    wait_until,
+)
 from tests.mirror_check import assert_mirror_equals_bucket, expected_frame, mirror_frame
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(1500)]
@@ -39,20 +48,6 @@ SLOW_BYTES_PER_SECOND = 4_000
 before node 1's backfills completed."""
 SPARK_RUN_TIMEOUT = 900.0
 """Generous: a Spark process on a busy two-core machine takes minutes, not seconds."""
-
-
-def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(0.2)
-
-
-def table_versions(target: Path) -> list[int]:
-    """Versions of the data table's commits, from its log files (no Spark needed)."""
-    log = target / "_delta_log"
-    return sorted(int(p.stem) for p in log.glob("*.json")) if log.is_dir() else []
 
 
 @dataclass(frozen=True)
