@@ -100,6 +100,8 @@ def measure_rollback(
     spark: SparkSession, mirror_path: str, bucket: str, *, vbucket: int, changed_docs: int
 ) -> RollbackResult:
     """Commit one more snapshot to `vbucket`, roll it back, and report the rollback commit."""
+    from pyspark.sql import functions as F
+
     if not Path(mirror_path, "_delta_log").is_dir():
         raise RollbackBenchError(f"{mirror_path} is not a local Delta table")
     mirror = open_or_create(spark, mirror_path, MirrorConfig(bucket))
@@ -132,8 +134,11 @@ def measure_rollback(
     version = outcome.commit.table_version
     entry = Path(mirror_path, "_delta_log", f"{version:020d}.json").read_text()
     actions = commit_file_actions(entry)
-    after = mirror.read().where(f"vbucket = {vbucket}")
-    max_seqno = after.agg({"seqno": "max"}).first()
+    # One scan of the partition for both checks: its row count and its newest seqno.
+    after = (
+        mirror.read().where(f"vbucket = {vbucket}")
+        .agg(F.count("*").alias("rows"), F.max("seqno").alias("max_seqno")).first()
+    )  # fmt: skip
     detail = mirror.delta().detail().select("numFiles").first()
     return RollbackResult(
         vbucket=vbucket,
@@ -148,9 +153,10 @@ def measure_rollback(
         change_data_files=len(actions.change_data),
         files_only_in_vbucket_partition=actions.all_under_partition("vbucket", vbucket),
         rows_restored=(
-            after.count() == vbucket_rows
-            and max_seqno is not None
-            and int(max_seqno[0]) <= boundary.seqno
+            after is not None
+            and after["rows"] == vbucket_rows
+            and after["max_seqno"] is not None
+            and int(after["max_seqno"]) <= boundary.seqno
         ),
         operation_metrics=actions.operation_metrics,
     )

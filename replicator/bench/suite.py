@@ -6,6 +6,7 @@ goes on, so one broken part never hides the others' numbers.
 
 from __future__ import annotations
 
+import functools
 import logging
 import shutil
 import tempfile
@@ -102,8 +103,8 @@ def run_suite(
         "serve", "1. producer serve rate",
         lambda: measure_serve(preset.docs, preset.doc_size, preset.vbuckets),
     )  # fmt: skip
-    drain, initial = _load_from_one_producer(spark, preset, work, sections)
     mirror_path = str(work / "mirror")
+    drain, initial = _load_from_one_producer(spark, preset, work, mirror_path, sections)
     plain: PlainAppendResult | None = None
     rollback: RollbackResult | None = None
     if initial is not None:
@@ -138,9 +139,7 @@ def run_suite(
         )
         result = sections.run(
             f"steady_state_{rate}", f"5. steady state at {rate:,} mutations/s",
-            lambda settings=settings: measure_steady_state(  # type: ignore[misc]
-                spark, settings, work_dir=str(work)
-            ),
+            functools.partial(measure_steady_state, spark, settings, work_dir=str(work)),
         )  # fmt: skip
         if result is not None:
             steady.append(result)
@@ -208,9 +207,10 @@ class _MemoryAlongside:
 
 
 def _load_from_one_producer(
-    spark: SparkSession, preset: BenchPreset, work: Path, sections: _Sections
+    spark: SparkSession, preset: BenchPreset, work: Path, mirror_path: str, sections: _Sections
 ) -> tuple[DrainResult | None, InitialLoadResult | None]:
-    """Measurements 2 and 3 share one producer process (loading it is the slow part)."""
+    """Measurements 2 and 3 share one producer process (loading it is the slow part); the
+    initial load builds the mirror at `mirror_path` that measurements 4 and 7 read."""
     announce = sections.announce
     announce(f"starting a producer with {preset.docs:,} documents ...")
     try:
@@ -230,7 +230,7 @@ def _load_from_one_producer(
             ),
         )  # fmt: skip
         config = bench_config(
-            simulator.connection_string, str(work / "mirror"), SIM_PASSWORD,
+            simulator.connection_string, mirror_path, SIM_PASSWORD,
             until_caught_up=True, staging_dir=str(work / "staging-load"),
         )  # fmt: skip
         initial: InitialLoadResult | None = sections.run(

@@ -13,11 +13,13 @@ from typing import Any
 
 import pytest
 
-from replicator.bench.goals import evaluate_goals
+from replicator.bench.drain import DrainResult
+from replicator.bench.goals import GoalCheck, evaluate_goals
+from replicator.bench.memory import MemoryResult
 from replicator.bench.presets import PRESETS
 from replicator.bench.report import SECTIONS, BenchReport, render_markdown, render_table
 from replicator.bench.report import write_report as write_bench_report
-from replicator.bench.rollback import commit_file_actions
+from replicator.bench.rollback import RollbackResult, commit_file_actions
 from replicator.bench.steady_state import LagPercentiles, SteadyStateResult, committed_rate_over
 from replicator.bench.suite import run_suite
 
@@ -158,3 +160,56 @@ def test_steady_goal_needs_the_producer_to_offer_the_rate() -> None:
     # The highest offered rate decides, whatever the order.
     assert verdict(_steady(), _steady(offered_rate=5_000.0, keeps_up=False)) == "PASS"
     assert verdict() == "NOT RUN"
+
+
+def _goal(goals: tuple[GoalCheck, ...], words: str) -> GoalCheck:
+    (goal,) = [g for g in goals if words in g.goal]
+    return goal
+
+
+def test_decode_goals_judge_the_codec_per_cpu_second_and_the_drain_per_wall_second() -> None:
+    drain = DrainResult(
+        messages=1_000_000, documents=900_000, bytes=10**9, seconds=4.0, cpu_seconds=3.0,
+        messages_per_second=250_000.0, megabytes_per_second=250.0,
+        codec_messages_per_cpu_second=150_000.0,
+    )  # fmt: skip
+    goals = evaluate_goals(drain=drain, load_ratio=None, steady=(), memory=None, rollback=None)
+    codec, drained = _goal(goals, "codec decodes"), _goal(goals, "protocol layer drains")
+    assert (codec.verdict, codec.measured) == ("MISS", "150,000 msgs/s")
+    assert (drained.verdict, drained.measured) == ("PASS", "250,000 msgs/s")
+    idle = evaluate_goals(drain=None, load_ratio=None, steady=(), memory=None, rollback=None)
+    assert {goal.verdict for goal in idle} == {"NOT RUN"}
+    assert "p99 lag <= 5 s" in _goal(idle, "sustained").goal
+
+
+def test_memory_and_rollback_goals_need_a_complete_run() -> None:
+    def memory(*, python_mib: float, complete: bool = True) -> MemoryResult:
+        return MemoryResult(
+            memory_budget_mb=32, snapshot_docs=1_000, snapshot_megabytes=128.0, rows=1_000,
+            complete=complete, seconds=10.0, python_peak_rss_mib=python_mib,
+            jvm_peak_rss_mib=900.0, peak_staged_mib=30.0,
+        )  # fmt: skip
+
+    def rollback(*, only_partition: bool, restored: bool) -> RollbackResult:
+        return RollbackResult(
+            vbucket=3, table_rows=100, table_files=10, vbucket_rows=10, from_seqno=20,
+            to_seqno=10, seconds=1.0, files_added=1, files_removed=1, change_data_files=1,
+            files_only_in_vbucket_partition=only_partition, rows_restored=restored,
+            operation_metrics={},
+        )  # fmt: skip
+
+    def verdicts(memory: MemoryResult, rollback: RollbackResult) -> tuple[str, str]:
+        goals = evaluate_goals(
+            drain=None, load_ratio=None, steady=(), memory=memory, rollback=rollback
+        )
+        return _goal(goals, "peak RSS").verdict, _goal(goals, "rollback").verdict
+
+    assert verdicts(memory(python_mib=500.0), rollback(only_partition=True, restored=True)) == (
+        "PASS", "PASS",
+    )  # fmt: skip
+    assert verdicts(memory(python_mib=3_000.0), rollback(only_partition=False, restored=True)) == (
+        "MISS", "MISS",
+    )  # fmt: skip
+    assert verdicts(
+        memory(python_mib=500.0, complete=False), rollback(only_partition=True, restored=False)
+    ) == ("MISS", "MISS")
