@@ -184,6 +184,83 @@ def staging_dir_for(config: ReplicatorConfig, owner_id: str) -> str:
     return f"{staging_root(config)}/{owner_id}"
 
 
+class BackgroundRun:
+    """`run_replication` on a thread of its own, for callers that act while it runs.
+
+    The demo, the steady-state benchmark and the tests' fault injection all do. `stop` ends
+    a continuous run (complete snapshots still commit); `replication` is there once started.
+    """
+
+    def __init__(
+        self,
+        config: ReplicatorConfig,
+        *,
+        spark: SparkSession | None = None,
+        fault_hook: FaultHook | None = None,
+        on_started: Callable[[Replication], None] | None = None,
+        name: str = "replication",
+    ) -> None:
+        self.stop = threading.Event()
+        self._started = threading.Event()
+        self._done = threading.Event()
+        self._replication: Replication | None = None
+        self._summary: ReplicationSummary | None = None
+        self._error: BaseException | None = None
+
+        def started(replication: Replication) -> None:
+            if on_started is not None:
+                on_started(replication)
+            self._replication = replication
+            self._started.set()
+
+        def run() -> None:
+            try:
+                self._summary = run_replication(
+                    config, spark=spark, stop=self.stop, fault_hook=fault_hook,
+                    on_started=started,
+                )
+            except BaseException as exc:  # handed to the caller by result()
+                self._error = exc
+            finally:
+                self._started.set()
+                self._done.set()
+
+        self._thread = threading.Thread(target=run, name=name, daemon=True)
+        self._thread.start()
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def wait_started(self, timeout: float) -> Replication:
+        """The running replication; the run's failure, or TimeoutError, if it never started."""
+        if not self._started.wait(timeout):
+            raise TimeoutError(f"the replication did not start within {timeout:g} s")
+        if self._replication is None:
+            self.result()  # it ended before starting: raise why
+            raise RuntimeError("the replication ended before it started")
+        return self._replication
+
+    @property
+    def replication(self) -> Replication:
+        if self._replication is None:
+            raise RuntimeError("the replication has not started")
+        return self._replication
+
+    def wait(self, timeout: float) -> bool:
+        """Wait for the run to end; False if it is still running after `timeout` seconds."""
+        return self._done.wait(timeout)
+
+    def result(self) -> ReplicationSummary:
+        """The summary of the ended run, or the exception it ended with."""
+        if not self._done.is_set():
+            raise RuntimeError("the replication is still running")
+        if self._error is not None:
+            raise self._error
+        assert self._summary is not None
+        return self._summary
+
+
 def run_replication(
     config: ReplicatorConfig,
     *,

@@ -7,7 +7,6 @@ the replication thread after each of its steps, so the test thread reads a consi
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -18,7 +17,7 @@ from typing import Any
 from replicator.config import ReplicatorConfig, Secret
 from replicator.delta.executor import FaultHook
 from replicator.replication import Replication, ReplicationSummary
-from replicator.runner import run_replication
+from replicator.runner import BackgroundRun, run_replication
 from replicator.sim.cluster import DEFAULT_PASSWORD, SimCluster
 
 WAIT_S = 120.0
@@ -67,7 +66,7 @@ class RunProgress:
 
 
 class BackgroundReplication:
-    """`run_replication` in continuous mode on a thread; use as a context manager."""
+    """A runner.BackgroundRun with test waits; use as a context manager."""
 
     def __init__(
         self, spark: Any, config: ReplicatorConfig, *, fault_hook: FaultHook | None = None
@@ -75,27 +74,11 @@ class BackgroundReplication:
         self._spark = spark
         self._config = config
         self._fault_hook = fault_hook
-        self._stop = threading.Event()
-        self._started = threading.Event()
-        self._done = threading.Event()
-        self._replication: Replication | None = None
-        self._summary: ReplicationSummary | None = None
-        self._error: BaseException | None = None
+        self._run: BackgroundRun | None = None
         self.progress = RunProgress()
-        self._thread = threading.Thread(target=self._run, name="replication", daemon=True)
 
-    def _run(self) -> None:
-        try:
-            self._summary = run_replication(
-                self._config, spark=self._spark, stop=self._stop,
-                fault_hook=self._fault_hook, on_started=self._on_started,
-            )
-        except BaseException as exc:  # handed to the test thread by finish/wait_for
-            self._error = exc
-        finally:
-            self._done.set()
-
-    def _on_started(self, replication: Replication) -> None:
+    def _publishing(self, replication: Replication) -> None:
+        """Wrap the driver's step so that the replication thread publishes its progress."""
         inner = replication.step
 
         def step(*, poll_timeout: float) -> None:
@@ -110,12 +93,13 @@ class BackgroundReplication:
             )
 
         replication.step = step  # type: ignore[method-assign]
-        self._replication = replication
-        self._started.set()
 
     def __enter__(self) -> BackgroundReplication:
-        self._thread.start()
-        self.wait_for(self._started.is_set, "the replication to start", timeout=240.0)
+        self._run = BackgroundRun(
+            self._config, spark=self._spark, fault_hook=self._fault_hook,
+            on_started=self._publishing,
+        )
+        self._run.wait_started(240.0)
         return self
 
     def __exit__(
@@ -124,13 +108,17 @@ class BackgroundReplication:
         value: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
-        self._stop.set()
-        self._thread.join(timeout=60.0)
+        self.background.stop.set()
+        self.background.wait(60.0)
+
+    @property
+    def background(self) -> BackgroundRun:
+        assert self._run is not None, "the replication has not started"
+        return self._run
 
     @property
     def replication(self) -> Replication:
-        assert self._replication is not None, "the replication has not started"
-        return self._replication
+        return self.background.replication
 
     def wait_for(
         self, condition: Callable[[], bool], what: str, *, timeout: float = WAIT_S
@@ -138,13 +126,17 @@ class BackgroundReplication:
         """Return once `condition()` holds; fail on timeout or if the run ended first."""
         deadline = time.monotonic() + timeout
         while not condition():
-            if self._done.is_set():
-                raise AssertionError(f"the run ended while waiting for {what}") from self._error
+            if self.background.done:
+                try:
+                    self.background.result()
+                except BaseException as exc:
+                    raise AssertionError(f"the run failed while waiting for {what}") from exc
+                raise AssertionError(f"the run ended while waiting for {what}")
             if time.monotonic() > deadline:
                 raise AssertionError(
                     f"timed out after {timeout:g} s waiting for {what}: {self.progress}"
                 )
-            self._done.wait(0.02)
+            self.background.wait(0.02)
 
     def finish(self, targets: Mapping[int, int], *, timeout: float = 180.0) -> ReplicationSummary:
         """Catch up to `targets` (seqno per vbucket), stop, and return the summary."""
@@ -155,13 +147,10 @@ class BackgroundReplication:
 
     def stop(self, *, timeout: float = 180.0) -> ReplicationSummary:
         """Stop as an operator's SIGTERM does (complete snapshots commit) and return the summary."""
-        self._stop.set()
+        self.background.stop.set()
         return self._ended(timeout, "the run did not stop")
 
     def _ended(self, timeout: float, failure: str) -> ReplicationSummary:
-        if not self._done.wait(timeout):
+        if not self.background.wait(timeout):
             raise AssertionError(f"{failure} within {timeout:g} s: {self.progress}")
-        if self._error is not None:
-            raise self._error
-        assert self._summary is not None
-        return self._summary
+        return self.background.result()

@@ -17,7 +17,6 @@ its end the replicator is asked to catch up with the producer's high seqnos and 
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -29,8 +28,7 @@ from replicator.config import ReplicatorConfig
 from replicator.dcp.auth import Credentials
 from replicator.dcp.client import DcpClient
 from replicator.delta.schema import CommitMetadata
-from replicator.replication import Replication, ReplicationSummary
-from replicator.runner import run_replication
+from replicator.runner import BackgroundRun
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -126,99 +124,55 @@ class _Window:
     drained_after_s: float | None
 
 
-class _BackgroundReplication:
-    """run_replication on a thread; `replication` is set once it started."""
+def _wait_committed(run: BackgroundRun, target: int, timeout_s: float) -> bool:
+    """Wait until the run's committed seqnos add up to `target`; False after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while _total({vb: p.seqno for vb, p in run.replication.positions().items()}) < target:
+        if run.done:
+            run.result()  # raises what stopped it
+            raise RuntimeError("the replication stopped before catching up")
+        if time.monotonic() > deadline:
+            return False
+        run.wait(0.1)
+    return True
 
-    def __init__(self, spark: SparkSession, config: ReplicatorConfig) -> None:
-        self.stop = threading.Event()
-        self.started = threading.Event()
-        self.finished = threading.Event()
-        self.replication: Replication | None = None
-        self.summary: ReplicationSummary | None = None
-        self.error: BaseException | None = None
-        self._thread = threading.Thread(
-            target=self._run, args=(spark, config), name="bench-replication", daemon=True
-        )
 
-    def start(self) -> None:
-        self._thread.start()
-
-    def _run(self, spark: SparkSession, config: ReplicatorConfig) -> None:
-        def on_started(replication: Replication) -> None:
-            self.replication = replication
-            self.started.set()
-
-        try:
-            self.summary = run_replication(config, spark=spark, stop=self.stop,
-                                           on_started=on_started)
-        except BaseException as exc:  # surfaced by `check` on the measuring thread
-            self.error = exc
-        finally:
-            self.started.set()
-            self.finished.set()
-
-    def check(self) -> None:
-        if self.error is not None:
-            raise self.error
-
-    def committed_total(self) -> int:
-        replication = self.replication
-        return 0 if replication is None else sum(p.seqno for p in replication.positions().values())
-
-    def wait_committed(self, target: int, timeout_s: float) -> bool:
-        """Wait until the committed seqnos add up to `target`; False after `timeout_s`."""
-        deadline = time.monotonic() + timeout_s
-        while self.committed_total() < target:
-            self.check()
-            if self.finished.is_set():
-                raise RuntimeError("the replication stopped before catching up")
-            if time.monotonic() > deadline:
-                return False
-            self.finished.wait(0.1)
-        return True
-
-    def join(self, timeout_s: float) -> bool:
-        """Wait for the run to end by itself; stop it after `timeout_s`. True if it ended."""
-        ended = self.finished.wait(timeout_s)
-        if not ended:
-            self.stop.set()
-            # A stop still commits what is complete; that commit may take a while.
-            if not self.finished.wait(STOP_TIMEOUT_S):
-                raise RuntimeError(f"the replication did not stop within {STOP_TIMEOUT_S:.0f} s")
-        self._thread.join(10.0)
-        self.check()
-        return ended
+def _stop(run: BackgroundRun, *, wait_s: float) -> None:
+    """Let the run end by itself for `wait_s`, then stop it; raise what it failed with."""
+    if not run.wait(wait_s):
+        run.stop.set()
+        # A stop still commits what is complete; that commit may take a while.
+        if not run.wait(STOP_TIMEOUT_S):
+            raise RuntimeError(f"the replication did not stop within {STOP_TIMEOUT_S:.0f} s")
+    run.result()
 
 
 def _run_window(
     spark: SparkSession, config: ReplicatorConfig, settings: SteadyStateSettings
 ) -> _Window:
     probe = DcpClient(config.source, Credentials(SIM_USERNAME, SIM_PASSWORD))
-    background = _BackgroundReplication(spark, config)
+    run = BackgroundRun(config, spark=spark, name="bench-replication")
     try:
-        background.start()
-        background.started.wait(settings.catch_up_timeout_s)
+        run.wait_started(settings.catch_up_timeout_s)
         # The backfill, then the changes that piled up while it was committed, ...
         warmed_up = all(
-            background.wait_committed(_total(probe.high_seqnos()), settings.catch_up_timeout_s)
+            _wait_committed(run, _total(probe.high_seqnos()), settings.catch_up_timeout_s)
             for _ in range(settings.warmup_catch_ups)
         )
         start_ns = time.time_ns()
         applied_before = _total(probe.high_seqnos())
-        background.finished.wait(settings.window_s)
-        background.check()
+        if run.wait(settings.window_s):
+            run.result()
+            raise RuntimeError("the replication ended during the window")
         highs = probe.high_seqnos()
         end_ns = time.time_ns()
-        assert background.replication is not None
-        background.replication.request_catch_up(highs)
+        run.replication.request_catch_up(highs)
         # A replicator that never caught up will not drain the window either: do not wait.
-        drained = warmed_up and background.wait_committed(
-            _total(highs), settings.catch_up_timeout_s
-        )
+        drained = warmed_up and _wait_committed(run, _total(highs), settings.catch_up_timeout_s)
         drained_at_ns = time.time_ns()
-        background.join(STOP_TIMEOUT_S if drained else 0.0)
+        _stop(run, wait_s=STOP_TIMEOUT_S if drained else 0.0)
     finally:
-        background.stop.set()
+        run.stop.set()
         probe.close()
     return _Window(
         warmed_up=warmed_up,
