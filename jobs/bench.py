@@ -1,6 +1,7 @@
 """`make bench`: the benchmark suite, side by side in one run.
 
     python jobs/bench.py [--preset default|quick|smoke] [--output DIR] [--work-dir DIR]
+    python jobs/bench.py --two-shards [--preset ...]   # one vs two shards on a standalone cluster
 
 Prints a table (and the goals with PASS/MISS) on stdout and writes DIR/bench-<timestamp>.json,
 DIR/latest.json and DIR/latest.md (a markdown table for the README). Progress goes to stderr.
@@ -14,12 +15,16 @@ import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 try:
     import replicator  # noqa: F401
 except ImportError:
     # Run from a source checkout without the package installed: the repo root holds it.
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+if TYPE_CHECKING:
+    from replicator.bench.presets import BenchPreset
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -33,6 +38,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--output", default="bench-output", help="directory of the JSON reports")
     parser.add_argument("--work-dir", default=None, help="tables and logs (default: a temp dir)")
     parser.add_argument("--keep-work", action="store_true", help="keep the work directory")
+    parser.add_argument(
+        "--two-shards", action="store_true",
+        help="instead of the suite: the preset's initial load as one and as two shards on a "
+        "Spark standalone cluster started on 127.0.0.1",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s %(message)s"
@@ -42,12 +52,35 @@ def main(argv: Sequence[str] | None = None) -> int:
     def announce(message: str) -> None:
         print(message, file=sys.stderr, flush=True)
 
+    if args.two_shards:
+        return _two_shards(preset, args.work_dir)
+
     report = run_suite(preset, work_dir=args.work_dir, keep_work=args.keep_work, announce=announce)
     print(render_table(report))
     dated, latest = write_report(report, args.output)
     (Path(args.output) / "latest.md").write_text(render_markdown(report) + "\n")
     print(f"\nwrote {dated} and {latest}")
     return 1 if report.failures else 0
+
+
+def _two_shards(preset: BenchPreset, work_dir: str | None) -> int:
+    """Time the preset's initial load as one replicator and as two shards; print both."""
+    import tempfile
+
+    from replicator.bench.sharding import measure_two_shard_load
+
+    work = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix="replicator-shards-"))
+    result = measure_two_shard_load(
+        preset.docs, preset.doc_size, preset.vbuckets, work_dir=work
+    )
+    for run in (result.one_shard, result.two_shards):
+        print(
+            f"{run.shards} shard(s), {run.cores_per_shard} core(s) each: {run.seconds:.1f} s, "
+            f"{run.docs_per_second:,.0f} docs/s"
+        )
+    print(f"speed-up of two shards: {result.speedup:.2f}x ({preset.docs:,} docs x "
+          f"{preset.doc_size} B, {preset.vbuckets} vbuckets)")
+    return 0
 
 
 if __name__ == "__main__":

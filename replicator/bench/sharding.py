@@ -10,16 +10,17 @@ includes what an operator waits for: JVM and executor start-up.
 
 from __future__ import annotations
 
-import os
 import re
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from replicator.bench.simulator import SIM_PASSWORD, SIM_USERNAME, SimulatorProcess
 from replicator.errors import ReplicatorError
 from replicator.jars import locate_delta_jars
+from replicator.soak.process import replicator_environment
 from replicator.standalone import StandaloneCluster, SubmitResult
 
 JOB = Path(__file__).resolve().parents[2] / "jobs" / "replicate.py"
@@ -96,65 +97,10 @@ def measure_two_shard_load(
             executor_memory=f"{executor_memory_mb}m",
         ) as cluster,
     ):
-        source = simulator.connection_string
-
         def load(shards: tuple[str, ...], cores: int, name: str) -> ShardRun:
-            results: dict[str, SubmitResult] = {}
-            errors: list[BaseException] = []
-
-            def submit(shard: str) -> None:
-                try:
-                    results[shard] = cluster.submit(
-                        JOB,
-                        ["--source", source, "--target", str(work_dir / name),
-                         "--username", SIM_USERNAME, "--vbuckets", shard,
-                         "--until-caught-up", "--progress", "off"],
-                        jars=jars,
-                        conf={"spark.cores.max": str(cores)},
-                        env=_job_env(),
-                        timeout_s=timeout_s,
-                        name=f"{name}-{shard.replace('/', 'of')}",
-                    )
-                except BaseException as exc:  # reported below, with the other shard's result
-                    errors.append(exc)
-
-            started = time.monotonic()
-            threads = [threading.Thread(target=submit, args=(s,)) for s in shards]
-            threads[0].start()
-            # The others start once the first has created the mirror and claimed: processes
-            # creating a mirror at the same instant can fail (see replicator.delta.table).
-            first_claim = work_dir / name / "_replicator" / "owners" / "_delta_log" / (
-                f"{1:020d}.json"
-            )
-            deadline = time.monotonic() + timeout_s
-            while threads[0].is_alive() and not first_claim.exists():
-                if time.monotonic() > deadline:
-                    break
-                time.sleep(0.2)
-            for thread in threads[1:]:
-                thread.start()
-            for thread in threads:
-                thread.join()
-            seconds = time.monotonic() - started
-            if errors:
-                raise ShardedLoadFailed(f"{name}: {errors[0]}") from errors[0]
-            changes = 0
-            for shard in shards:
-                result = results[shard]
-                found = _CAUGHT_UP.search(result.stdout)
-                if result.returncode != 0 or found is None:
-                    tail = " / ".join(result.stderr.strip().splitlines()[-3:])
-                    raise ShardedLoadFailed(
-                        f"{name}: shard {shard} exited {result.returncode} without catching "
-                        f"up: {tail}"
-                    )
-                changes += int(found.group(1))
-            return ShardRun(
-                shards=len(shards),
-                cores_per_shard=cores,
-                seconds=seconds,
-                shard_seconds=tuple(results[s].seconds for s in shards),
-                changes_committed=changes,
+            return _load(
+                cluster, simulator.connection_string, jars, work_dir / name, shards, cores,
+                timeout_s=timeout_s,
             )
 
         one = load(("all",), total_cores, "one-shard")
@@ -165,13 +111,69 @@ def measure_two_shard_load(
     )
 
 
-def _job_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("REPLICATOR_")}
-    for kept in ("REPLICATOR_JAR_CACHE", "REPLICATOR_DELTA_JARS"):
-        if kept in os.environ:
-            env[kept] = os.environ[kept]
-    env["REPLICATOR_PASSWORD"] = SIM_PASSWORD
-    return env
+def _load(
+    cluster: StandaloneCluster,
+    source: str,
+    jars: Sequence[Path],
+    target: Path,
+    shards: tuple[str, ...],
+    cores: int,
+    *,
+    timeout_s: float,
+) -> ShardRun:
+    """One timed load of `target`: a spark-submit per shard, side by side."""
+    results: dict[str, SubmitResult] = {}
+    errors: list[BaseException] = []
+
+    def submit(shard: str) -> None:
+        try:
+            results[shard] = cluster.submit(
+                JOB,
+                ["--source", source, "--target", str(target), "--username", SIM_USERNAME,
+                 "--vbuckets", shard, "--until-caught-up", "--progress", "off"],
+                jars=jars,
+                conf={"spark.cores.max": str(cores)},
+                env=replicator_environment(SIM_PASSWORD),
+                timeout_s=timeout_s,
+                name=f"{target.name}-{shard.replace('/', 'of')}",
+            )
+        except BaseException as exc:  # reported below, with the other shard's result
+            errors.append(exc)
+
+    started = time.monotonic()
+    threads = [threading.Thread(target=submit, args=(shard,)) for shard in shards]
+    threads[0].start()
+    # The others start once the first has created the mirror and claimed, so that they do
+    # not all race to create it.
+    first_claim = target / "_replicator" / "owners" / "_delta_log" / f"{1:020d}.json"
+    deadline = time.monotonic() + timeout_s
+    while threads[0].is_alive() and not first_claim.exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    for thread in threads[1:]:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    seconds = time.monotonic() - started
+    if errors:
+        raise ShardedLoadFailed(f"{target.name}: {errors[0]}") from errors[0]
+    changes = 0
+    for shard in shards:
+        result = results[shard]
+        found = _CAUGHT_UP.search(result.stdout)
+        if result.returncode != 0 or found is None:
+            tail = " / ".join(result.stderr.strip().splitlines()[-3:])
+            raise ShardedLoadFailed(
+                f"{target.name}: shard {shard} exited {result.returncode} without catching up: "
+                f"{tail}"
+            )
+        changes += int(found.group(1))
+    return ShardRun(
+        shards=len(shards),
+        cores_per_shard=cores,
+        seconds=seconds,
+        shard_seconds=tuple(results[shard].seconds for shard in shards),
+        changes_committed=changes,
+    )
 
 
 __all__ = ["ShardRun", "ShardedLoadFailed", "TwoShardLoadResult", "measure_two_shard_load"]
