@@ -21,9 +21,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from replicator.dcp.positions import FailoverLog, VbucketPosition
+from replicator.dcp.positions import FailoverLog
 from replicator.delta.schema import DATA_COLUMNS, RESYNC, ROLLBACK, CommitMetadata
+from replicator.delta.table import as_utc, engine_error_summary, is_delta_table_at, path_exists
 from replicator.errors import ConfigError, ReplicatorError
+from replicator.status import format_time, open_mirror, pending_checkpoints
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -198,7 +200,7 @@ class RollbackRecord:
 
     def explain(self) -> str:
         """One sentence an auditor can read."""
-        when = self.committed_at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+        when = format_time(self.committed_at)
         if self.kind == RESYNC:
             text = (f"version {self.table_version} ({when}): vbucket {self.vbucket} was streamed "
                     f"again from 0 and all its rows replaced, reaching seqno {self.to_seqno}")
@@ -416,7 +418,7 @@ def _document_version(
         value = row["doc"] if row["is_json"] else (bytes(raw) if raw is not None else None)
     return DocumentVersion(
         table_version=version,
-        committed_at=_utc(commit["_commit_timestamp"]),
+        committed_at=as_utc(commit["_commit_timestamp"]),
         operation=operation,
         key=str(row["key"]),
         scope=str(row["scope"]),
@@ -425,7 +427,7 @@ def _document_version(
         seqno=None if deleted else int(row["seqno"]),
         cas=None if deleted else int(row["cas"]),
         value=value,
-        expiry=None if deleted or row["expiry"] is None else _utc(row["expiry"]),
+        expiry=None if deleted or row["expiry"] is None else as_utc(row["expiry"]),
         xattrs=None if deleted else row["xattrs"],
         commit_kind=kinds.get(version),
     )
@@ -566,11 +568,6 @@ def _optional_int(value: Any) -> int | None:
     return None if value is None else int(value)
 
 
-def _utc(value: datetime) -> datetime:
-    # PySpark hands timestamps back as naive local time.
-    return value.astimezone(UTC)
-
-
 # --- reading the mirror ---------------------------------------------------------------------
 
 
@@ -588,8 +585,6 @@ class MirrorHistory:
     @classmethod
     def read(cls, spark: SparkSession, target: str) -> MirrorHistory:
         """Open the mirror at `target` (NotAMirrorError otherwise) and read its history."""
-        from replicator.status import open_mirror
-
         mirror = open_mirror(spark, target)
 
         def history() -> list[HistoryEntry]:
@@ -603,7 +598,7 @@ class MirrorHistory:
             return [
                 HistoryEntry(
                     version=int(row["version"]),
-                    timestamp=_utc(row["timestamp"]),
+                    timestamp=as_utc(row["timestamp"]),
                     operation=str(row["operation"]),
                     parameters=dict(row["operationParameters"] or {}),
                     metrics=dict(row["operationMetrics"] or {}),
@@ -676,8 +671,6 @@ class MirrorHistory:
 
     def snapshot(self, version: int) -> DataFrame:
         """The data rows at `version`, after checking its files are all still there."""
-        from replicator.delta.table import path_exists
-
         self.check_version(version)
         if version < self.snapshot_horizon:
             raise VersionVacuumedError(self._vacuumed_text(version, self.snapshot_horizon))
@@ -758,8 +751,6 @@ class MirrorHistory:
 
 def _guarded(action: Callable[[], T], what: str) -> T:
     """Run an engine action; its errors become errors.* with one line of cause."""
-    from replicator.delta.table import engine_error_summary
-
     try:
         return action()
     except ReplicatorError:
@@ -774,8 +765,6 @@ def _guarded(action: Callable[[], T], what: str) -> T:
 
 
 def _unreadable(exc: BaseException) -> bool:
-    from replicator.delta.table import engine_error_summary
-
     seen: BaseException | None = exc
     while seen is not None:
         text = engine_error_summary(seen) + " " + str(seen)[:4000]
@@ -977,8 +966,7 @@ def commit_activity(spark: SparkSession, target: str) -> list[CommitActivity]:
 
 def _vbucket_checkpoints(mirror: MirrorTable, vbucket: int) -> list[Checkpoint]:
     """The vbucket's checkpoints, plus data commits whose checkpoint rows were never written."""
-    from replicator.delta.checkpoints import Checkpoint, CheckpointsTable
-    from replicator.delta.table import is_delta_table_at
+    from replicator.delta.checkpoints import CheckpointsTable
 
     table = CheckpointsTable.of(mirror)
     found: dict[int, Checkpoint] = {}
@@ -986,17 +974,9 @@ def _vbucket_checkpoints(mirror: MirrorTable, vbucket: int) -> list[Checkpoint]:
     if is_delta_table_at(mirror.spark, table.path):
         found = {c.table_version: c for c in table.for_vbucket(vbucket)}
         floors = table.newest_versions_by_owner()
-    for record in mirror.commits_after(floors):
-        position: VbucketPosition | None = record.metadata.positions.get(vbucket)
-        if position is not None and record.version not in found:
-            found[record.version] = Checkpoint(
-                owner_id=record.metadata.owner_id,
-                batch_id=record.metadata.batch_id,
-                table_version=record.version,
-                kind=record.metadata.kind,
-                position=position,
-                committed_at=record.timestamp,
-            )
+    for checkpoint in pending_checkpoints(mirror, floors):
+        if checkpoint.vbucket == vbucket:
+            found.setdefault(checkpoint.table_version, checkpoint)
     return sorted(found.values(), key=lambda c: (c.table_version, c.batch_id))
 
 

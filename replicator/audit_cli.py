@@ -15,10 +15,12 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from replicator.errors import ConfigError
+from replicator.status import align_columns, format_time
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -28,6 +30,7 @@ VALUE_WIDTH = 60
 """Document text wider than this is cut in the readable tables (never in --json)."""
 
 _ROW_COLUMNS = ("vbucket", "scope", "collection", "key", "seqno", "cas", "doc")
+_ROW_ORDER = ("vbucket", "scope", "collection", "key")
 _LABELS = {"_commit_version": "version", "_change_type": "change"}
 _CHANGE_COLUMNS = ("_commit_version", "_change_type", *_ROW_COLUMNS)
 
@@ -87,12 +90,12 @@ def run_audit(args: argparse.Namespace, *, spark: SparkSession | None = None) ->
     return 0
 
 
+@dataclass(frozen=True, slots=True)
 class Answer:
     """An answer in both forms: readable text and a JSON document."""
 
-    def __init__(self, text: str, document: Any) -> None:
-        self.text = text
-        self.document = document
+    text: str
+    document: Any
 
 
 def _history(spark: SparkSession, args: argparse.Namespace) -> Answer:
@@ -105,7 +108,7 @@ def _history(spark: SparkSession, args: argparse.Namespace) -> Answer:
     header = ("version", "committed", "operation", "commit", "collection", "seqno", "cas",
               "value")
     rows = [
-        (str(v.table_version), _time(v.committed_at), str(v.operation), v.commit_kind or "-",
+        (str(v.table_version), format_time(v.committed_at), str(v.operation), v.commit_kind or "-",
          v.collection_path, _cell(v.seqno), _cell(v.cas), _short(v.value))
         for v in versions
     ]
@@ -118,9 +121,9 @@ def _as_of(spark: SparkSession, args: argparse.Namespace) -> Answer:
 
     history = MirrorHistory.read(spark, args.target)
     resolved = history.resolve(version=args.version, timestamp=args.timestamp)
-    frame = history.snapshot(resolved.version)
+    frame = history.snapshot(resolved.version).orderBy(*_ROW_ORDER)
     title = (f"the mirror at table version {resolved.version} "
-             f"(committed {_time(resolved.committed_at)})")
+             f"(committed {format_time(resolved.committed_at)})")
     return _rows_answer(title, frame, args.limit, {
         "version": resolved.version, "committed_at": resolved.committed_at.isoformat(),
     }, _ROW_COLUMNS)
@@ -133,10 +136,11 @@ def _at_seqno(spark: SparkSession, args: argparse.Namespace) -> Answer:
 
     history = MirrorHistory.read(spark, args.target)
     boundary = history.source_boundary(args.vbucket, args.seqno)
-    frame = history.snapshot(boundary.table_version).where(F.col("vbucket") == args.vbucket)
+    frame = (history.snapshot(boundary.table_version).where(F.col("vbucket") == args.vbucket)
+             .orderBy(*_ROW_ORDER))
     title = (f"vbucket {boundary.vbucket} at seqno {boundary.requested_seqno}: its committed "
              f"boundary seqno {boundary.seqno} (vbucket uuid {boundary.vbucket_uuid}), table "
-             f"version {boundary.table_version}, committed {_time(boundary.committed_at)}")
+             f"version {boundary.table_version}, committed {format_time(boundary.committed_at)}")
     return _rows_answer(title, frame, args.limit, {
         "vbucket": boundary.vbucket, "requested_seqno": boundary.requested_seqno,
         "boundary_seqno": boundary.seqno, "vbucket_uuid": boundary.vbucket_uuid,
@@ -156,8 +160,7 @@ def _changes(spark: SparkSession, args: argparse.Namespace) -> Answer:
         "CASE _change_type WHEN 'update_preimage' THEN 0 WHEN 'delete' THEN 1 "
         "WHEN 'update_postimage' THEN 2 ELSE 3 END"
     )
-    frame = frame.orderBy("_commit_version", "vbucket", "scope", "collection", "key",
-                          change_order)
+    frame = frame.orderBy("_commit_version", *_ROW_ORDER, change_order)
     title = f"changes from {args.start} to {args.end}"
     return _rows_answer(title, frame, args.limit, {"from": args.start, "to": args.end},
                         _CHANGE_COLUMNS)
@@ -172,7 +175,7 @@ def _rollbacks(spark: SparkSession, args: argparse.Namespace) -> Answer:
         return Answer(f"no rollbacks in the history of {args.target}", document)
     header = ("version", "committed", "kind", "vbucket", "from seqno", "to seqno", "restored from")
     rows = [
-        (str(r.table_version), _time(r.committed_at), r.kind, str(r.vbucket),
+        (str(r.table_version), format_time(r.committed_at), r.kind, str(r.vbucket),
          _cell(r.from_seqno), str(r.to_seqno), _cell(r.from_table_version))
         for r in records
     ]
@@ -195,9 +198,8 @@ _QUESTIONS: dict[str, Callable[[SparkSession, argparse.Namespace], Answer]] = {
 def _rows_answer(
     title: str, frame: DataFrame, limit: int, facts: dict[str, Any], columns: Sequence[str]
 ) -> Answer:
+    """The first `limit` rows of an ordered frame (all for 0), as a table and as JSON."""
     total = frame.count()
-    if "_commit_version" not in columns:
-        frame = frame.orderBy("vbucket", "scope", "collection", "key")
     shown = frame.limit(limit) if limit else frame
     rows = [row.asDict() for row in shown.select(*columns).collect()]
     document = {**facts, "rows": total, "shown": len(rows),
@@ -216,15 +218,7 @@ def _rows_answer(
 def _table(
     title: str, header: Sequence[str], rows: Sequence[Sequence[str]], *, numeric: Sequence[int]
 ) -> str:
-    from replicator.status import align_columns
-
     return "\n".join([title, "", *align_columns([tuple(header), *rows], numeric=numeric)])
-
-
-def _time(moment: datetime) -> str:
-    from replicator.status import format_time
-
-    return format_time(moment)
 
 
 def _cell(value: Any) -> str:

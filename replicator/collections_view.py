@@ -83,7 +83,8 @@ def collection_frame(
         & F.col("doc").isNotNull()
     )
     if schema is None:
-        document_schema = _infer_schema(spark, documents, collection, target, sample_size)
+        document_schema = _infer_schema(spark, documents, collection, target, sample_size,
+                                        version)
     else:
         document_schema = _parse_schema(schema)
     metadata = {f"{metadata_prefix}{column}": column for column in METADATA_COLUMNS}
@@ -150,15 +151,21 @@ def _documents(spark: SparkSession, target: str, version: int | None) -> DataFra
 
 
 def _infer_schema(
-    spark: SparkSession, documents: DataFrame, collection: str, target: str, sample_size: int
+    spark: SparkSession,
+    documents: DataFrame,
+    collection: str,
+    target: str,
+    sample_size: int,
+    version: int | None,
 ) -> StructType:
     sample = documents.select("doc").limit(sample_size)
     # Spark's JSON reader infers one schema over all sampled documents (merging their fields).
     inferred = spark.read.json(sample.rdd.map(lambda row: row[0])).schema
     if not inferred.fields or inferred.fieldNames() == ["_corrupt_record"]:
-        present = collection_names(spark, target)
+        present = collection_names(spark, target, version=version)
+        at = f" at version {version}" if version is not None else ""
         raise EmptyCollectionError(
-            f"no JSON documents of {collection} in {target} to infer its schema from "
+            f"no JSON documents of {collection} in {target}{at} to infer its schema from "
             f"(collections with documents: {', '.join(present) or 'none'}); pass schema= "
             "to read it anyway"
         )

@@ -8,21 +8,21 @@ few analyst queries, including time travel. The table stays on disk for the note
 
 from __future__ import annotations
 
-import json
 import shutil
 import sys
-import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from replicator.config import ReplicatorConfig, Secret
-from replicator.replication import Replication, ReplicationSummary
-from replicator.runner import run_replication
+from replicator.replication import ReplicationSummary
+from replicator.runner import BackgroundRun, run_replication
 from replicator.sim.bucket import SimBucket
 from replicator.sim.cluster import SimCluster
 from replicator.sim.workload import Workload, WorkloadMix, initial_load, run_workload
+from replicator.status import align_columns
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -49,16 +49,13 @@ class DemoConsole:
         self._stream.flush()
 
     def table(self, rows: list[Any], columns: list[str]) -> None:
-        widths = [
-            max(len(name), *(len(str(row[name])) for row in rows)) if rows else len(name)
-            for name in columns
-        ]
-        self.say("  ".join(name.ljust(w) for name, w in zip(columns, widths, strict=True)))
-        for row in rows:
-            self.say("  ".join(str(row[n]).ljust(w) for n, w in zip(columns, widths, strict=True)))
+        cells = [tuple(columns), *(tuple(str(row[name]) for name in columns) for row in rows)]
+        for line in align_columns(cells):
+            self.say(line)
 
 
 def demo_config(cluster: SimCluster, target: Path, **overrides: Any) -> ReplicatorConfig:
+    """The demo's replication settings against `cluster`, with `overrides` applied."""
     settings: dict[str, Any] = {
         "source": cluster.connection_string,
         "target": str(target),
@@ -83,6 +80,7 @@ def run_demo(
 ) -> int:
     """Run the demo; returns 0 when the mirror verified equal to the source."""
     from replicator.spark import build_session
+    from replicator.status import open_mirror
     from replicator.verify import run_verify
 
     out = console or DemoConsole()
@@ -105,7 +103,7 @@ def run_demo(
             demo_config(cluster, target, until_caught_up=True), spark=session
         )
         out.say(first.describe())
-        initial_version = _latest_version(session, target)
+        initial_version = open_mirror(session, str(target)).version()
 
         out.step(f"Live workload for {live_seconds:.0f}s at {live_rate:.0f} changes/s, "
                  f"with a failover of one vbucket losing its last {FAILOVER_LOSES} changes")
@@ -123,6 +121,35 @@ def run_demo(
     return 0 if report.equal else 1
 
 
+def build_sample_mirror(
+    spark: SparkSession, root: Path, *, console: DemoConsole | None = None
+) -> str:
+    """A small mirror under `root` with a known shape, for the notebooks; returns its path.
+
+    A few hundred documents in 8 vbuckets, loaded; a round of updates, deletes and inserts;
+    then the busiest vbucket fails over to a replica that lacked its last 3 changes, which
+    the mirror had committed, so it rolls that vbucket back.
+    """
+    out = console or DemoConsole()
+    target = str(root / "mirror")
+    bucket = SimBucket("shop", num_vbuckets=8, seed=2026)
+    mix = WorkloadMix(inserts=0.2, updates=0.6, deletes=0.2, expiries=0.0)
+    workload = initial_load(bucket, docs=400, doc_size=200, seed=2026, mix=mix)
+    with SimCluster(bucket, nodes=1) as cluster:
+        config = ReplicatorConfig(
+            source=cluster.connection_string, target=target, password=Secret(DEMO_PASSWORD),
+            until_caught_up=True, commit_interval_s=0.2, progress="off",
+        )
+        out.say(run_replication(config, spark=spark).describe())  # the initial load
+        changed = bucket.apply_batch(workload.next_batch(150))
+        out.say(run_replication(config, spark=spark).describe())
+        victim, count = Counter(item.vbucket for item in changed).most_common(1)[0]
+        cluster.failover(victim, lose_last=min(3, count))
+        bucket.apply_batch(workload.next_batch(60))
+        out.say(run_replication(config, spark=spark).describe())
+    return target
+
+
 def _live_phase(
     spark: SparkSession,
     cluster: SimCluster,
@@ -133,29 +160,11 @@ def _live_phase(
 ) -> ReplicationSummary:
     """Replicate continuously while the workload runs; fail one vbucket over halfway."""
     bucket = cluster.bucket
-    started = threading.Event()
-    holder: dict[str, Replication] = {}
-    result: dict[str, ReplicationSummary] = {}
-    errors: list[BaseException] = []
-
-    def on_started(replication: Replication) -> None:
-        holder["replication"] = replication
-        started.set()
-
-    def replicate() -> None:
-        try:
-            result["summary"] = run_replication(
-                demo_config(cluster, target, progress="off"), spark=spark, on_started=on_started
-            )
-        except BaseException as exc:  # surfaced on the main thread below
-            errors.append(exc)
-            started.set()
-
+    run = BackgroundRun(
+        demo_config(cluster, target, progress="off"), spark=spark, name="demo-replication"
+    )
+    replication = run.wait_started(timeout=300)
     mix = WorkloadMix(inserts=4, updates=4, deletes=1, expiries=1)
-    thread = threading.Thread(target=replicate, name="demo-replication", daemon=True)
-    thread.start()
-    if not started.wait(timeout=300) or errors:
-        raise errors[0] if errors else TimeoutError("replication did not start within 300 s")
 
     before = Workload(seed=7, mix=mix, doc_size=512, expiry_ttl_s=(1, 3))
     before.ensure_collections(bucket)
@@ -164,7 +173,7 @@ def _live_phase(
     # Fail over only once the changes about to be lost are committed: then the mirror holds
     # history the producer no longer has, and must roll that vbucket back.
     def victim_committed() -> bool:
-        position = holder["replication"].positions().get(victim)
+        position = replication.positions().get(victim)
         return position is not None and position.seqno >= high
 
     _wait_until(victim_committed, timeout=300)
@@ -175,13 +184,10 @@ def _live_phase(
     report = run_workload(bucket, rate, workload=after, duration_s=seconds / 2)
     out.say(f"{report.ops} more changes applied after the failover")
     bucket.run_expiry_pager()
-    holder["replication"].request_catch_up(bucket.high_seqnos())
-    thread.join(timeout=600)
-    if errors:
-        raise errors[0]
-    if thread.is_alive():
+    replication.request_catch_up(bucket.high_seqnos())
+    if not run.wait(timeout=600):
         raise TimeoutError("the live replication did not catch up within 600 s")
-    return result["summary"]
+    return run.result()
 
 
 def _wait_until(condition: Callable[[], bool], *, timeout: float) -> None:
@@ -192,16 +198,11 @@ def _wait_until(condition: Callable[[], bool], *, timeout: float) -> None:
         time.sleep(0.1)
 
 
-def _latest_version(spark: SparkSession, target: Path) -> int:
-    from delta.tables import DeltaTable
-
-    row = DeltaTable.forPath(spark, str(target)).history(1).select("version").first()
-    return int(row[0]) if row is not None else 0
-
-
 def _analyst_queries(
     spark: SparkSession, target: Path, initial_version: int, out: DemoConsole
 ) -> None:
+    from replicator.audit import rollbacks
+
     spark.read.format("delta").load(str(target)).createOrReplaceTempView("mirror")
     out.say("Documents per collection:")
     out.table(
@@ -230,11 +231,5 @@ def _analyst_queries(
             f"(end of the initial load), {now['n'] if now else 0:,} now.")
     out.say("")
     out.say("Rollbacks recorded in the table history:")
-    history = spark.sql(f"DESCRIBE HISTORY delta.`{target}`").where(
-        "userMetadata LIKE '%\"kind\":\"rollback\"%' OR userMetadata LIKE '%\"kind\":\"resync\"%'"
-    )
-    for row in history.orderBy("version").collect():
-        meta = json.loads(row["userMetadata"])
-        out.say(f"version {row['version']}: {meta['kind']} of vbucket {meta.get('vbucket')} "
-                f"from seqno {meta.get('from_seqno')} to {meta.get('to_seqno')} "
-                f"({meta.get('reason')})")
+    for record in rollbacks(spark, str(target)):
+        out.say(record.explain())

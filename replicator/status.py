@@ -101,7 +101,7 @@ def committed_checkpoints(mirror: MirrorTable) -> dict[int, Checkpoint]:
     The newest checkpoint row per vbucket, replaced by any newer data commit that has no
     checkpoint rows yet (the data table is the point of truth).
     """
-    from replicator.delta.checkpoints import Checkpoint, CheckpointsTable
+    from replicator.delta.checkpoints import CheckpointsTable
     from replicator.delta.table import is_delta_table_at
 
     checkpoints = CheckpointsTable.of(mirror)
@@ -111,20 +111,33 @@ def committed_checkpoints(mirror: MirrorTable) -> dict[int, Checkpoint]:
     else:
         latest = checkpoints.latest()
         floors = checkpoints.newest_versions_by_owner()
-    for record in mirror.commits_after(floors):
-        metadata = record.metadata
-        for vbucket, position in metadata.positions.items():
-            known = latest.get(vbucket)
-            if known is None or known.table_version < record.version:
-                latest[vbucket] = Checkpoint(
-                    owner_id=metadata.owner_id,
-                    batch_id=metadata.batch_id,
-                    table_version=record.version,
-                    kind=metadata.kind,
-                    position=position,
-                    committed_at=record.timestamp,
-                )
+    for checkpoint in pending_checkpoints(mirror, floors):
+        known = latest.get(checkpoint.vbucket)
+        if known is None or known.table_version < checkpoint.table_version:
+            latest[checkpoint.vbucket] = checkpoint
     return latest
+
+
+def pending_checkpoints(mirror: MirrorTable, floors: Mapping[str, int]) -> list[Checkpoint]:
+    """The checkpoints of data commits newer than their owner's floor version, oldest first.
+
+    `floors` is `CheckpointsTable.newest_versions_by_owner()`: those commits have no checkpoint
+    rows yet (their process died between the two commits), one checkpoint per vbucket moved.
+    """
+    from replicator.delta.checkpoints import Checkpoint
+
+    return [
+        Checkpoint(
+            owner_id=record.metadata.owner_id,
+            batch_id=record.metadata.batch_id,
+            table_version=record.version,
+            kind=record.metadata.kind,
+            position=position,
+            committed_at=record.timestamp,
+        )
+        for record in mirror.commits_after(floors)
+        for position in record.metadata.positions.values()
+    ]
 
 
 # --- the status values --------------------------------------------------------------------

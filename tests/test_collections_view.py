@@ -125,6 +125,8 @@ def test_bad_input_is_named(spark: Any, mirror: str) -> None:
         collection_frame(spark, mirror, "app.orders", "INT")
     with pytest.raises(EmptyCollectionError, match=r"app\.orders, app\.users"):
         collection_frame(spark, mirror, "app.missing")
+    with pytest.raises(EmptyCollectionError, match="at version 1 "):
+        collection_frame(spark, mirror, "app.missing", version=1)
     assert collection_frame(spark, mirror, "app.missing", "id INT").count() == 0
     with pytest.raises(ConfigError, match="metadata_prefix"):
         collection_frame(spark, mirror, "app.orders", "_key STRING, id INT")
