@@ -14,7 +14,7 @@ import os
 import random
 import signal
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from types import FrameType
 
 from replicator.errors import ConfigError
@@ -87,11 +87,17 @@ def add_sim_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def sim_password(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> str:
+    """The password clients log in with: --password, else $REPLICATOR_SIM_PASSWORD, else the
+    development default ("password")."""
+    return args.password or environ.get(PASSWORD_ENV) or DEFAULT_PASSWORD
+
+
 def run_sim(args: argparse.Namespace) -> int:
     """Serve until SIGTERM or SIGINT; 0 on a clean stop. Bad options raise ConfigError."""
     faults = _parse_faults(args.faults)
     _check_options(args, faults)
-    password = args.password or os.environ.get(PASSWORD_ENV) or DEFAULT_PASSWORD
+    password = sim_password(args)
     tls_context = None
     if args.tls_cert:
         try:

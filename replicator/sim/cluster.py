@@ -10,6 +10,22 @@ malformed frame, node restarts with or without losing data.
 >>> with SimCluster(SimBucket("travel", num_vbuckets=8), nodes=2) as cluster:
 ...     cluster.connection_string.startswith("couchbase://127.0.0.1:")
 True
+
+Faults change the bucket's exact state, which a test reads back to compare with a mirror:
+
+>>> bucket = SimBucket("travel", num_vbuckets=8, seed=1)
+>>> with SimCluster(bucket, nodes=2) as cluster:
+...     vb = bucket.upsert("airline_10", {"name": "40-Mile Air"}).vbucket
+...     _ = bucket.upsert("airline_10", {"name": "Texas Wings"})
+...     log = cluster.failover(vb, lose_last=1)  # the replica never got the second write
+...     [entry.seqno for entry in log.entries]  # a new branch at seqno 1, newest first
+...     [(record.key, record.value) for record in bucket.documents(vbucket=vb)]
+...     owner = cluster.active_node(vb)
+...     _ = cluster.rebalance("rotate")  # every vbucket moves to the next node
+...     cluster.active_node(vb) == (owner + 1) % 2
+[1, 0]
+[(b'airline_10', b'{"name":"40-Mile Air"}')]
+True
 """
 
 from __future__ import annotations

@@ -260,6 +260,20 @@ def initial_load(
     return workload
 
 
+LIVE_APPLIES_PER_SECOND = 50
+"""How often `run_workload` applies a batch by default, whatever the rate: each apply takes the
+bucket's lock and wakes every stream, so a fast workload writes larger batches, not more."""
+
+
+def live_batch_size(rate_per_s: float) -> int:
+    """The default batch of `run_workload` at `rate_per_s`: about rate / 50, at least 1.
+
+    >>> live_batch_size(20_000), live_batch_size(200), live_batch_size(10)
+    (400, 4, 1)
+    """
+    return max(1, round(rate_per_s / LIVE_APPLIES_PER_SECOND))
+
+
 def run_workload(
     bucket: SimBucket,
     rate_per_s: float,
@@ -267,18 +281,23 @@ def run_workload(
     workload: Workload | None = None,
     duration_s: float | None = None,
     stop_event: threading.Event | None = None,
-    batch_size: int = 100,
+    batch_size: int | None = None,
     pager_interval_s: float = 1.0,
 ) -> WorkloadReport:
     """Apply the workload's mix at `rate_per_s` operations a second, in real time.
 
-    Stops after `duration_s` or when `stop_event` is set, whichever comes first (at least one
-    must be given). Runs the expiry pager every `pager_interval_s`. Meant for a thread.
+    Operations are applied `batch_size` at a time once that many are due (default
+    `live_batch_size(rate_per_s)`, about 50 applies a second). Stops after `duration_s`
+    (applying what is due by then) or when `stop_event` is set, whichever comes first (at
+    least one must be given). Runs the expiry pager every `pager_interval_s`. Meant for a
+    thread.
     """
     if rate_per_s <= 0:
         raise ValueError(f"rate_per_s must be positive, got {rate_per_s}")
     if duration_s is None and stop_event is None:
         raise ValueError("give duration_s or stop_event, or the workload never stops")
+    if batch_size is None:
+        batch_size = live_batch_size(rate_per_s)
     if batch_size < 1:
         raise ValueError(f"batch_size must be positive, got {batch_size}")
     if workload is None:
@@ -291,22 +310,26 @@ def run_workload(
     ops = batches = expired = 0
     while not stop.is_set():
         now = time.monotonic()
+        ended = False
         if deadline is not None and now >= deadline:
-            break
-        if now >= next_pager:
+            ended = True
+            now = deadline  # what was due by the deadline, not what came due since
+        if now >= next_pager and not ended:
             expired += bucket.run_expiry_pager()
             next_pager = now + pager_interval_s
         due = int((now - started) * rate_per_s) - ops
-        if due > 0:
+        if due >= batch_size or (ended and due > 0):
             count = min(due, batch_size)
             bucket.apply_batch(workload.next_batch(count))
             ops += count
             batches += 1
             continue
-        wake = started + (ops + 1) / rate_per_s
+        if ended:
+            break
+        # Pacing: sleep until a whole batch is due, waking at once if asked to stop.
+        wake = started + (ops + batch_size) / rate_per_s
         for limit in (deadline, next_pager):
             if limit is not None:
                 wake = min(wake, limit)
-        # Pacing: wait until the next operation is due, waking at once if asked to stop.
         stop.wait(max(0.0, wake - now))
     return WorkloadReport(ops, batches, expired, time.monotonic() - started)

@@ -7,8 +7,10 @@ decode fails the test), responses are matched by opaque, and DCP messages queue 
 
 from __future__ import annotations
 
+import json
 import socket
 import ssl
+import struct
 import subprocess
 import time
 from collections import deque
@@ -43,8 +45,16 @@ from replicator.dcp.codec import (
     hello_features_of,
 )
 from replicator.dcp.events import StreamEnd
-from replicator.dcp.frame import Frame, FrameReader
-from replicator.dcp.opcodes import DcpOpenFlags, HelloFeature, Status, StreamRequestFlags
+from replicator.dcp.frame import Frame, FrameReader, encode_frame
+from replicator.dcp.opcodes import (
+    Datatype,
+    DcpOpenFlags,
+    HelloFeature,
+    Magic,
+    Opcode,
+    Status,
+    StreamRequestFlags,
+)
 from replicator.dcp.positions import MAX_SEQNO
 from replicator.sim.bucket import SimBucket
 from replicator.sim.cluster import SimCluster
@@ -335,6 +345,23 @@ class RawClient:
             opaque=self.next_opaque(),
         )
         return self.request(request)
+
+    def filtered_stream_request(
+        self, vbucket: int, stream_value: dict[str, object], *, start: int = 0
+    ) -> Response:
+        """STREAM_REQ from `start` with a JSON value (collections or scope filter, ...)."""
+        opaque = self.next_opaque()
+        extras = struct.pack(">IIQQQQQ", 0, 0, start, MAX_SEQNO, 0, start, start)
+        frame = encode_frame(
+            Magic.REQUEST,
+            Opcode.DCP_STREAM_REQ,
+            vbucket_or_status=vbucket,
+            opaque=opaque,
+            extras=extras,
+            value=json.dumps(stream_value).encode(),
+            datatype=Datatype.JSON,
+        )
+        return self.raw_request(frame, opaque)
 
     def buffer_ack(self, acked_bytes: int) -> None:
         self.send(BufferAck(acked_bytes, self.next_opaque()))

@@ -189,6 +189,18 @@ def test_wild_card_purge_is_checked_before_the_uuid() -> None:
     assert "purge" in decision.reason
 
 
+@pytest.mark.parametrize("purge", [241, 250], ids=["purge-inside-snapshot", "purge-at-start"])
+def test_wild_card_purge_compares_start_not_snap_start(purge: int) -> None:
+    # snap_start (240) < purge seqno <= start (250). NOTES.md section 5, the project's
+    # authority, states rule 2 as "start < purge seqno": everything purged is at or below what
+    # the consumer already holds, so no deletion can be missed and no rollback is due. (The
+    # kv_engine doc, spec/seeds/rollback.txt, writes "SnapStartSeqno < PurgeSeqno", and older
+    # kv_engine compared the adjusted snap start; by that reading this would roll back to 0.)
+    # History is shared (NEW up to the high seqno 300, snap end 260 below it): accepted.
+    decision = decide(request(250, NEW, snap_start=240, snap_end=260), purge=purge)
+    assert isinstance(decision, StreamAccepted), decision
+
+
 def test_ignore_purged_tombstones_flag_skips_the_purge_rollback() -> None:
     assert isinstance(decide(request(250, NEW, ignore_purged=True), purge=260), StreamAccepted)
 

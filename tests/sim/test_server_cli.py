@@ -2,15 +2,26 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
+from typing import TypeVar
 
+from replicator.dcp.auth import Credentials
+from replicator.dcp.client import DcpClient
 from replicator.dcp.connstr import parse_connection_string
+from replicator.dcp.events import RollbackRequired, StreamEndReason
 from replicator.dcp.opcodes import Status
+from replicator.errors import ConnectionLostError, NodeUnreachableError
+from replicator.sim.cli import PASSWORD_ENV, add_sim_arguments, sim_password
+from replicator.sim.cluster import DEFAULT_PASSWORD, DEFAULT_USERNAME
+from tests.dcp.test_client_sim import Mirror, options
 from tests.sim.raw_client import RawClient
 
 SECRET = "not-the-default-Pa55"
@@ -69,3 +80,87 @@ def test_a_bad_option_is_one_line_on_stderr_and_exit_2() -> None:
         "replicator sim: unknown fault 'meteor': choose from drop, failover, rebalance, "
         "purge, restart, stall, malformed"
     ]
+
+
+def test_defaults_parse_without_serving() -> None:
+    parser = argparse.ArgumentParser()
+    add_sim_arguments(parser)
+    args = parser.parse_args([])
+    assert (args.host, args.port, args.bucket, args.username) == (
+        "127.0.0.1",
+        11210,
+        "default",
+        "Administrator",
+    )
+    assert (args.vbuckets, args.nodes, args.rate, args.faults) == (1024, 1, 0.0, "")
+    assert sim_password(args, {}) == "password"
+    assert sim_password(args, {PASSWORD_ENV: SECRET}) == SECRET
+    flagged = parser.parse_args(["--password", "from-the-flag"])
+    assert sim_password(flagged, {PASSWORD_ENV: SECRET}) == "from-the-flag"
+
+
+Result = TypeVar("Result")
+# What a fault run throws at a client while it reconnects; the test retries through it.
+_TRANSIENT = (ConnectionLostError, NodeUnreachableError)
+
+
+def retried(call: Callable[[], Result], timeout: float = 10.0) -> Result:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return call()
+        except _TRANSIENT:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.05)  # pace the retries while the client reconnects
+
+
+def test_live_changes_and_faults_reach_a_real_client() -> None:
+    flags = (
+        *("--port", "0", "--vbuckets", "4", "--docs", "50", "--rate", "200"),
+        *("--faults", "drop,failover", "--fault-interval", "0.5"),
+    )
+    with simulator(*flags) as process:
+        assert process.stdout is not None
+        connection_string = process.stdout.readline().strip()
+        mirror = Mirror(4)
+        credentials = Credentials(DEFAULT_USERNAME, DEFAULT_PASSWORD)
+        client = retried(
+            lambda: DcpClient(
+                connection_string,
+                credentials,
+                options=options(),
+                committed_position=mirror.committed_position,
+            )
+        )
+        with client:
+            first_highs = retried(client.high_seqnos)
+            for vb in range(4):
+                client.open_stream(vb, *mirror.committed_position(vb))
+            stale: dict[int, int] = {}  # vbucket -> where the mirror stood when told to roll back
+            deadline = time.monotonic() + 20
+            # Faults come every 0.5 s, drop first: the client sees its connection dropped, then
+            # a failover ends a stream, and reopening it from the mirror's position (on the
+            # lost branch) is answered ROLLBACK.
+            while not (stale and client.last_connection_error is not None):
+                assert time.monotonic() < deadline, f"ends {mirror.ends}, rollbacks {stale}"
+                batch = client.poll(timeout=0.2)
+                for event in batch:
+                    mirror.apply(event)
+                    if isinstance(event, RollbackRequired):
+                        stale[event.vbucket] = mirror.committed[event.vbucket]
+                        mirror.resync(client, event.vbucket)
+                client.acknowledge(batch)
+            assert any(end.reason is StreamEndReason.DISCONNECTED for end in mirror.ends)
+            assert isinstance(client.last_connection_error, ConnectionLostError)
+            for rollback in mirror.rollbacks:
+                assert rollback.rollback_seqno < stale[rollback.vbucket]
+                log = retried(partial(client.failover_log, rollback.vbucket))
+                assert len(log.entries) > 1  # the failover's branch
+            # Live changes go on (a failover takes back at most 10 items at a time).
+            grown = sum(first_highs.values()) + 50
+            while sum(retried(client.high_seqnos).values()) <= grown:
+                assert time.monotonic() < deadline, f"high seqnos stuck near {first_highs}"
+                client.acknowledge(client.poll(timeout=0.1))
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(20) == 0

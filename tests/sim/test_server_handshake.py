@@ -31,7 +31,7 @@ from replicator.dcp.opcodes import (
 )
 from replicator.sim.bucket import SimBucket
 from replicator.sim.cluster import SimCluster, server_tls_context
-from tests.sim.raw_client import RawClient, self_signed_certificate, serve
+from tests.sim.raw_client import PRODUCER_FLAGS, RawClient, self_signed_certificate, serve
 
 
 @pytest.fixture
@@ -263,3 +263,33 @@ def test_get_cluster_config_with_known_revision_is_empty(cluster: SimCluster) ->
         older = struct.pack(">qq", epoch, rev - 1)
         request = encode_frame(Magic.REQUEST, Opcode.GET_CLUSTER_CONFIG, opaque=41, extras=older)
         assert json.loads(client.raw_request(request, 41).value)["rev"] == rev
+
+
+def refusal_context(value: bytes) -> str:
+    context: str = json.loads(value)["error"]["context"]
+    return context
+
+
+def test_dcp_open_as_a_consumer_is_not_supported(cluster: SimCluster) -> None:
+    with connect(cluster) as client:
+        client.connect("travel")
+        # Without the producer bit the client asks the node to be its consumer (to push
+        # changes into it): a simulated node only produces.
+        refused = client.dcp_open("app:consumer", flags=DcpOpenFlags.INCLUDE_XATTRS)
+        assert refused.status == Status.NOT_SUPPORTED
+        assert "producer" in refusal_context(refused.value)
+        assert client.stream_request(0).status == Status.EINVAL  # nothing was opened
+        assert client.dcp_open("app:consumer").status == Status.SUCCESS
+        assert client.stream_request(0).status == Status.SUCCESS
+
+
+def test_dcp_open_skipping_deletes_in_backfills_is_not_supported(cluster: SimCluster) -> None:
+    with connect(cluster) as client:
+        client.connect("travel")
+        skip_deletes = PRODUCER_FLAGS | DcpOpenFlags.SKIP_DELETES_IN_INITIAL_BACKFILL
+        refused = client.dcp_open("app:skip", flags=skip_deletes)
+        assert refused.status == Status.NOT_SUPPORTED
+        assert "deletes" in refusal_context(refused.value)
+        assert client.stream_request(0).status == Status.EINVAL  # nothing was opened
+        assert client.dcp_open("app:skip").status == Status.SUCCESS
+        assert client.stream_request(0).status == Status.SUCCESS

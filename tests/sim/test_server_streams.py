@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import struct
 
+import pytest
+
 from replicator.dcp.codec import (
     CloseStream,
     GetFailoverLog,
@@ -19,6 +21,8 @@ from replicator.dcp.events import (
     SnapshotMarker,
     StreamEnd,
     StreamEndReason,
+    SystemEvent,
+    SystemEventType,
 )
 from replicator.dcp.frame import encode_frame
 from replicator.dcp.opcodes import Magic, Status, StreamRequestFlags
@@ -212,6 +216,61 @@ def test_purged_tombstones_force_a_rollback_to_zero_unless_the_purge_seqno_is_kn
         assert rollback_seqno_of(behind) == 0
         knows_purge = client.stream_request(0, start=2, vbucket_uuid=uuid, purge_seqno=purge_seqno)
         assert knows_purge.status == Status.SUCCESS
+
+
+def test_a_client_purge_seqno_higher_than_the_vbuckets_still_rolls_back_to_zero() -> None:
+    bucket = one_vbucket_bucket()
+    bucket.upsert("a", {"v": 1})
+    bucket.upsert("b", {"v": 1})
+    bucket.delete("a")
+    bucket.upsert("c", {"v": 1})
+    uuid = bucket.failover_log(0).newest.vbucket_uuid
+    purge_seqno = bucket.purge_tombstones(0, up_to=3)
+    assert purge_seqno == 3
+    with serve(bucket) as cluster, producer(cluster) as client:
+        # NOTES.md section 5 rule 2 (kv_engine's MB-27800 check) excuses a consumer behind the
+        # purge seqno only when it sends the SAME purge seqno: then no purge ran since it last
+        # streamed. A higher one was seen on some other history (a branch since failed over,
+        # another bucket): the producer cannot vouch for what was purged here, so rule 2 holds.
+        higher = client.stream_request(0, start=2, vbucket_uuid=uuid, purge_seqno=purge_seqno + 5)
+        assert higher.status == Status.ROLLBACK
+        assert rollback_seqno_of(higher) == 0
+        lower = client.stream_request(0, start=2, vbucket_uuid=uuid, purge_seqno=purge_seqno - 1)
+        assert lower.status == Status.ROLLBACK and rollback_seqno_of(lower) == 0
+        same = client.stream_request(0, start=2, vbucket_uuid=uuid, purge_seqno=purge_seqno)
+        assert same.status == Status.SUCCESS
+
+
+@pytest.mark.parametrize("dropped", ["collection", "scope"])
+def test_dropping_everything_a_filter_selects_ends_the_stream_filter_empty(dropped: str) -> None:
+    bucket = one_vbucket_bucket()
+    app = bucket.create_scope("app")
+    users = bucket.create_collection("app", "users")
+    bucket.upsert("u1", {"v": 1}, collection="app.users")
+    bucket.upsert("d1", {"v": 1})  # the default collection: outside the filter
+    if dropped == "collection":
+        stream_filter: dict[str, object] = {"collections": [f"{users:x}"]}
+    else:
+        stream_filter = {"scope": f"{app:x}"}
+    with serve(bucket) as cluster, producer(cluster) as client:
+        assert client.filtered_stream_request(0, stream_filter).status == Status.SUCCESS
+        client.messages_until(lambda m: isinstance(m, Mutation) and m.key == b"u1")
+        if dropped == "collection":
+            bucket.drop_collection("app", "users")  # the filter's only collection
+        else:
+            bucket.drop_scope("app")
+        messages = client.stream_until_end(0)
+        events = [m for m in messages if isinstance(m, SystemEvent)]
+        expected = [SystemEventType.COLLECTION_DROPPED]
+        if dropped == "scope":
+            expected.append(SystemEventType.SCOPE_DROPPED)
+        assert [e.event for e in events] == expected
+        assert events[0].collection_id == users
+        assert messages[-1] == StreamEnd(0, StreamEndReason.FILTER_EMPTY)
+        bucket.upsert("d2", {"v": 1})
+        assert client.nothing_within(0.1)  # the ended stream carries nothing more
+        # The vbucket's stream slot is free again: a new (unfiltered) stream opens.
+        assert client.stream_request(0).status == Status.SUCCESS
 
 
 def test_from_latest_starts_at_the_high_seqno() -> None:

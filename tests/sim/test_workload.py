@@ -18,6 +18,7 @@ from replicator.sim.workload import (
     Workload,
     WorkloadMix,
     initial_load,
+    live_batch_size,
     run_workload,
 )
 
@@ -129,6 +130,20 @@ def test_run_workload_paces_to_the_rate_and_stops_by_itself() -> None:
     assert 0.5 <= report.elapsed_s < 5
     assert report.ops <= 400 * report.elapsed_s + 1
     assert report.ops >= 400 * 0.5 * 0.5  # at least half the rate on a busy machine
+    assert sum(bucket.high_seqnos().values()) >= before + report.ops
+
+
+def test_default_batches_grow_with_the_rate_not_the_apply_count() -> None:
+    assert [live_batch_size(rate) for rate in (20_000, 2_000, 200, 49, 10)] == [400, 40, 4, 1, 1]
+    bucket = SimBucket("live", num_vbuckets=8, seed=1)
+    workload = initial_load(bucket, docs=100, doc_size=128, seed=1)
+    before = sum(bucket.high_seqnos().values())
+    report = run_workload(bucket, 2_000, workload=workload, duration_s=0.3)
+    # Whole batches of 40 while running, what was due by the deadline at the end: the run
+    # applied about rate x duration operations in a few applies, not one apply per operation.
+    assert 2_000 * 0.3 * 0.5 <= report.ops <= 2_000 * 0.3
+    assert report.batches <= report.ops // 40 + 1
+    assert report.batches <= 0.3 * 50 + 1
     assert sum(bucket.high_seqnos().values()) >= before + report.ops
 
 
