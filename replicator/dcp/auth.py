@@ -59,17 +59,22 @@ _SCRAMP_NAMES = {
 
 
 def choose_mechanism(
-    offered: Iterable[str], *, tls: bool, allow_plain_over_tcp: bool = False
+    offered: Iterable[str],
+    *,
+    tls: bool,
+    allow_plain_over_tcp: bool = False,
+    node: str | None = None,
 ) -> SaslMechanism:
     """Pick the strongest mechanism both sides support.
 
     ConfigError when only PLAIN is offered on a plain-TCP connection (and not allowed), or when
-    nothing usable is offered.
+    nothing usable is offered; its text starts with `node` (host:port) when given.
 
     >>> choose_mechanism(["PLAIN", "SCRAM-SHA1", "SCRAM-SHA512"], tls=False).value
     'SCRAM-SHA512'
     """
     names = {name.strip().upper() for name in offered if name.strip()}
+    where = f"{node}: " if node else ""
     for mechanism in SCRAM_PREFERENCE:
         if mechanism.value in names:
             return mechanism
@@ -77,12 +82,12 @@ def choose_mechanism(
         if tls or allow_plain_over_tcp:
             return SaslMechanism.PLAIN
         raise ConfigError(
-            "the server offers only SASL PLAIN, which would send the password in clear over "
-            "plain TCP: connect with couchbases:// (TLS), enable SCRAM on the server, or, if "
+            f"{where}the server offers only SASL PLAIN, which would send the password in clear "
+            "over plain TCP: connect with couchbases:// (TLS), enable SCRAM on the server, or, if "
             "the network is trusted, set allow_plain_over_tcp (--allow-plain-over-tcp)"
         )
     listed = ", ".join(sorted(names)) or "none"
-    raise ConfigError(f"no supported SASL mechanism offered (server lists: {listed})")
+    raise ConfigError(f"{where}no supported SASL mechanism offered (server lists: {listed})")
 
 
 class SaslSession(Protocol):
@@ -197,7 +202,9 @@ def authenticate(
     AUTH_ERROR (or any other failure status) raises AuthenticationError naming the node and
     the user, never the password.
     """
-    mechanism = choose_mechanism(offered, tls=tls, allow_plain_over_tcp=allow_plain_over_tcp)
+    mechanism = choose_mechanism(
+        offered, tls=tls, allow_plain_over_tcp=allow_plain_over_tcp, node=node
+    )
     session = start_session(credentials, mechanism, node=node)
     key = mechanism.value.encode()
     status, value = roundtrip(Opcode.SASL_AUTH, key, session.initial_response())

@@ -21,9 +21,18 @@ connection yields `StreamEnd(vb, DISCONNECTED)`), so the layer above drops that 
 partial snapshot; only after that batch was returned by `poll` and `poll` is called again does
 the client ask `committed_position(vb)` where to resume, and reopen the stream there.
 
-Threads: each connection has an I/O thread; reconnects run in their own threads with
-exponential backoff until a deadline. Stream requests, retries and reopens are sent from the
-caller's thread inside `poll` and `open_stream`. All waits have timeouts.
+Threads: each connection has an I/O thread; reconnects run in their own threads. Every
+reconnect waits `reconnect.delay(n)` first, n counting the node's connections in a row that
+failed to open or broke before proving healthy (the layer above acknowledged data of it while
+it was up, or it stayed up `connection_stable_after` seconds). Past the reconnect deadline,
+counted from the streak's first failure, `poll` raises ConnectionLostError naming the node and
+the last cause: a node that breaks right after every handshake is not reconnected forever.
+Stream requests, retries and reopens are sent from the caller's thread inside `poll` and
+`open_stream`. All waits have timeouts.
+
+Memory: the producer sends at most one flow-control window of unacknowledged bytes per
+connection, and bytes are acknowledged only once the layer above staged them, so events queued
+for `poll` stay within about one window (plus one message) per connection (`queued_bytes`).
 """
 
 from __future__ import annotations
@@ -113,10 +122,17 @@ class ClientOptions:
     )
     """Pacing of stream requests answered ETMPFAIL / NOT_MY_VBUCKET / stream exists."""
     max_batch_events: int = 10_000
+    connection_stable_after: float = 60.0
+    """A connection that stayed up this long (or delivered data the layer above acknowledged
+    while it was up) ends its node's streak of failures: its loss is reconnected after the
+    initial delay again. One that breaks sooner (say, on a bad frame right after every stream
+    request) counts towards the reconnect backoff and deadline."""
 
     def __post_init__(self) -> None:
         if self.max_batch_events < 1:
             raise ConfigError("max_batch_events must be at least 1")
+        if self.connection_stable_after <= 0:
+            raise ConfigError("connection_stable_after must be positive")
 
 
 class AckReceipt:
@@ -168,6 +184,16 @@ class EventBatch:
 
 
 @dataclass(slots=True)
+class _FailureStreak:
+    """A node's connections in a row that could not be opened or broke before being stable."""
+
+    first_at: float
+    """time.monotonic() of the streak's first failure: the reconnect deadline counts from it."""
+    failures: int = 0
+    last_cause: ReplicatorError | None = None
+
+
+@dataclass(slots=True)
 class _Queued:
     event: StreamEvent
     connection_id: int
@@ -215,6 +241,10 @@ class DcpClient:
         self._connecting: dict[KvNode, threading.Thread] = {}
         self._streams: dict[int, VbucketStream] = {}
         self._queue: collections.deque[_Queued] = collections.deque()
+        self._queued_bytes = 0
+        self._failure_streaks: dict[KvNode, _FailureStreak] = {}
+        self._proven: set[int] = set()
+        """Live connections whose data the layer above acknowledged: they were healthy."""
         self._errors: collections.deque[BaseException] = collections.deque()
         self._fatal: ReplicatorError | None = None
         self._last_connection_error: ReplicatorError | None = None
@@ -249,6 +279,16 @@ class DcpClient:
         with self._lock:
             connections = list(self._by_id.values())
         return sum(c.flow_control.acknowledged_total for c in connections)
+
+    @property
+    def queued_bytes(self) -> int:
+        """Bytes of producer messages received and not yet handed up by `poll`.
+
+        Flow control bounds it: about one window plus one message per connection, however
+        long the layer above leaves `poll` uncalled.
+        """
+        with self._lock:
+            return self._queued_bytes
 
     def stream_state(self, vbucket: int) -> StreamState | None:
         """The client-side state of a vbucket's stream, None when it has none."""
@@ -346,6 +386,8 @@ class DcpClient:
         for connection_id, size in counts.items():
             with self._lock:
                 connection = self._by_id.get(connection_id)
+                if connection is not None and size:
+                    self._proven.add(connection_id)
             if connection is not None:
                 connection.acknowledge(size)
 
@@ -418,6 +460,7 @@ class DcpClient:
             connectors = list(self._connecting.values())
             self._connections.clear()
             self._by_id.clear()
+            self._proven.clear()
             self._cond.notify_all()
         for connection in connections:
             connection.close()
@@ -475,7 +518,9 @@ class DcpClient:
                 with self._lock:
                     self._ensure_connecting(node)
                 continue
-            self._register(node, connection)
+            if not self._register(node, connection):
+                with self._lock:
+                    self._ensure_connecting(node)
 
     def _new_connection(self, host: str, port: int) -> NodeConnection:
         return NodeConnection(
@@ -488,15 +533,27 @@ class DcpClient:
             listener=self,
         )
 
-    def _register(self, node: KvNode, connection: NodeConnection) -> None:
+    def _register(self, node: KvNode, connection: NodeConnection) -> bool:
+        """Make `connection` the node's; False when the client closed or the connection broke
+        already (then counted as a failure: its loss was not yet known to be this node's)."""
         with self._cond:
             if self._closed:
                 connection.close()
-                return
+                return False
+            if not connection.is_open:
+                cause = connection.failure or ConnectionLostError(
+                    connection.address, "the connection closed right after opening"
+                )
+                self._count_failure(node, cause, fresh=False)
+                return False
             self._connections[node] = connection
             self._by_id[connection.connection_id] = connection
             self._node_of[connection.connection_id] = node
+            if self._connecting.get(node) is threading.current_thread():
+                # From now on a loss of this connection must be able to start a reconnect.
+                del self._connecting[node]
             self._cond.notify_all()
+            return True
 
     def _ensure_connecting(self, node: KvNode) -> None:
         """Start a reconnect thread for `node` unless connected or connecting (lock held)."""
@@ -512,15 +569,25 @@ class DcpClient:
         thread.start()
 
     def _reconnect(self, node: KvNode) -> None:
+        """Connect to `node` again; each attempt after a failure waits out the backoff."""
         backoff = self._options.reconnect
-        started = time.monotonic()
-        failures = 0
         try:
             while not self._stop.is_set():
                 with self._lock:
                     if self._map is not None and node not in self._map.nodes:
                         log.info("%s left the cluster map; not reconnecting", node)
+                        self._failure_streaks.pop(node, None)
                         return
+                    streak = self._failure_streaks.get(node)
+                    failures = 0 if streak is None else streak.failures
+                    fatal = None
+                    if streak is not None and time.monotonic() - streak.first_at > backoff.deadline:
+                        fatal = self._gave_up_on(node, streak)
+                if fatal is not None:
+                    self._set_fatal(fatal)
+                    return
+                if failures and self._stop.wait(backoff.delay(failures)):
+                    return
                 connection = self._new_connection(node.host, node.port(tls=self._connstr.tls))
                 try:
                     connection.open()
@@ -528,30 +595,46 @@ class DcpClient:
                     self._set_fatal(exc)
                     return
                 except ReplicatorError as exc:
-                    failures += 1
-                    if time.monotonic() - started > backoff.deadline:
-                        self._set_fatal(
-                            ConnectionLostError(
-                                str(node),
-                                f"could not reconnect within {backoff.deadline:g} s: {exc}",
-                            )
-                        )
-                        return
+                    with self._lock:
+                        failures = self._count_failure(node, exc, fresh=False)
                     log.warning("reconnect to %s failed (attempt %d): %s", node, failures, exc)
                     self._refresh_map_async()
-                    self._stop.wait(backoff.delay(failures))
                     continue
                 if self._stop.is_set():
                     connection.close()
                     return
-                log.info("reconnected to %s", node)
-                self._register(node, connection)
                 self._adopt_config(connection.cluster_config, connection.host)
-                return
+                if self._register(node, connection):
+                    log.info("reconnected to %s", node)
+                    return
         finally:
             with self._cond:
-                self._connecting.pop(node, None)
+                if self._connecting.get(node) is threading.current_thread():
+                    del self._connecting[node]
                 self._cond.notify_all()
+
+    def _count_failure(self, node: KvNode, cause: ReplicatorError, *, fresh: bool) -> int:
+        """Count a failed or broken connection to `node` (lock held); the streak's length.
+
+        `fresh`: the broken connection had been stable, so a new streak starts.
+        """
+        streak = self._failure_streaks.get(node)
+        if streak is None or fresh:
+            streak = _FailureStreak(first_at=time.monotonic())
+            self._failure_streaks[node] = streak
+        streak.failures += 1
+        streak.last_cause = cause
+        return streak.failures
+
+    def _gave_up_on(self, node: KvNode, streak: _FailureStreak) -> ConnectionLostError:
+        """The fatal error of a node whose streak outlasted the reconnect deadline."""
+        return ConnectionLostError(
+            str(node),
+            f"could not reconnect within {self._options.reconnect.deadline:g} s: "
+            f"{streak.failures} connections in a row failed, or broke within "
+            f"{self._options.connection_stable_after:g} s of opening before any of their data "
+            f"was acknowledged; last cause: {streak.last_cause}",
+        )
 
     def _set_fatal(self, error: ReplicatorError) -> None:
         log.error("DCP client failed: %s", error)
@@ -926,12 +1009,14 @@ class DcpClient:
         releases_stream: bool = False,
     ) -> None:
         self._queue.append(_Queued(event, connection.connection_id, size, releases_stream))
+        self._queued_bytes += size
 
     def _take_batch(self, limit: int) -> EventBatch:
         events: list[StreamEvent] = []
         counts: dict[int, int] = collections.defaultdict(int)
         while self._queue and len(events) < limit:
             queued = self._queue.popleft()
+            self._queued_bytes -= queued.size
             events.append(queued.event)
             if queued.size:
                 counts[queued.connection_id] += queued.size
@@ -1007,6 +1092,13 @@ class DcpClient:
                 return
             self._last_connection_error = error
             node = self._node_of.pop(connection.connection_id, None)
+            proven = connection.connection_id in self._proven
+            self._proven.discard(connection.connection_id)
+            if node is not None:
+                opened_at = connection.opened_at
+                lived = 0.0 if opened_at is None else time.monotonic() - opened_at
+                healthy = proven or lived >= self._options.connection_stable_after
+                self._count_failure(node, error, fresh=healthy)
             self._by_id.pop(connection.connection_id, None)
             if node is not None and self._connections.get(node) is connection:
                 del self._connections[node]

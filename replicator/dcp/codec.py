@@ -74,6 +74,10 @@ _MARKER_V1_EXTRAS = struct.Struct(">QQI")
 _MARKER_V2_0_VALUE = struct.Struct(">QQIQQ")
 _MARKER_V2_2_VALUE = struct.Struct(">QQIQQQQ")
 _MUTATION_EXTRAS = struct.Struct(">QQIIIHB")
+
+INITIAL_NRU = 2
+"""The mutation extras' last byte as kv_engine sends an item no reader touched since it was
+written (its INITIAL_NRU_VALUE), to consumers that did not ask for the frequency counter."""
 _DELETION_V1_EXTRAS = struct.Struct(">QQH")
 _DELETION_V2_EXTRAS = struct.Struct(">QQIB")
 _EXPIRATION_EXTRAS = struct.Struct(">QQI")
@@ -925,6 +929,15 @@ def sasl_mechanisms_of(response: Response) -> tuple[str, ...]:
         raise ProtocolError(str(exc), opcode=response.opcode) from None
 
 
+def encode_sasl_mechanisms(mechanisms: Iterable[str]) -> bytes:
+    """The value of a SASL_LIST_MECHS reply: the names separated by spaces."""
+    names = tuple(mechanisms)
+    for name in names:
+        if not name or any(c.isspace() for c in name):
+            raise ValueError(f"SASL mechanism name {name!r} is empty or contains a space")
+    return " ".join(names).encode()
+
+
 # === Messages a DCP producer sends to its consumer ===========================================
 
 
@@ -1136,7 +1149,7 @@ def _encode_mutation(m: Mutation, s: _EncodeSettings) -> bytes:
         compress=s.compress,
     )
     extras = _MUTATION_EXTRAS.pack(
-        m.by_seqno, m.rev_seqno, m.flags, m.expiration, m.lock_time, 0, 0
+        m.by_seqno, m.rev_seqno, m.flags, m.expiration, m.lock_time, 0, INITIAL_NRU
     )
     return _dcp_frame(
         Opcode.DCP_MUTATION,

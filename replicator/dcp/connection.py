@@ -266,6 +266,8 @@ class NodeConnection:
         self._wake_w.setblocking(False)
         self._last_received = time.monotonic()
         self._probe_opaque: int | None = None
+        self.opened_at: float | None = None
+        """time.monotonic() when `open()` completed the handshake; None before."""
 
     def __repr__(self) -> str:
         return f"NodeConnection({self.address}, id={self.connection_id}, name={self.name!r})"
@@ -322,7 +324,7 @@ class NodeConnection:
             ",".join(sorted(self.accepted_controls)),
         )
         self._sock.setblocking(False)
-        self._last_received = time.monotonic()
+        self._last_received = self.opened_at = time.monotonic()
         self._thread = threading.Thread(
             target=self._run, name=f"dcp-io-{self.address}", daemon=True
         )

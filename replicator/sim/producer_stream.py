@@ -13,7 +13,7 @@ import struct
 from collections import deque
 from dataclasses import dataclass, replace
 
-from replicator.dcp.codec import ConnectionFeatures, encode_dcp_message
+from replicator.dcp.codec import INITIAL_NRU, ConnectionFeatures, encode_dcp_message
 from replicator.dcp.events import (
     Deletion,
     Expiration,
@@ -36,11 +36,6 @@ DEFAULT_SNAPPY_MIN_SIZE = 128
 _MUTATION_HEAD = struct.Struct(">BBHBBHIIQQQIIIHB")
 """Header (24 bytes) and mutation extras (31 bytes) packed in one go: the serving hot path."""
 _MUTATION_EXTRAS_SIZE = 31
-_INITIAL_NRU = 2
-"""The mutation extras' last byte (nru). kv_engine sends the item's hotness there: to consumers
-that did not ask for the frequency counter, an NRU value (0 hot .. 3 cold). The simulator keeps
-no access statistics, so every document has the value of one no reader touched since it was
-written, kv_engine's INITIAL_NRU_VALUE 2. The golden vectors carry 2 as well."""
 _REQUEST = int(Magic.REQUEST)
 _MUTATION = int(Opcode.DCP_MUTATION)
 _JSON = int(Datatype.JSON)
@@ -351,7 +346,7 @@ class ProducerStream:
             mutation.expiration,
             mutation.lock_time,
             0,
-            _INITIAL_NRU,
+            INITIAL_NRU,  # the simulator keeps no access statistics
         )
         return b"".join((head, key, value))
 

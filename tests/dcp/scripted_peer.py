@@ -139,6 +139,9 @@ class PeerBehaviour:
     )
     answer_close_with_stream_end: bool = True
     answer_noops: bool = True
+    close_after_controls: int | None = None
+    """Drop the connection right after answering this many DCP_CONTROLs (a node that breaks
+    as soon as the handshake is done)."""
 
 
 class PeerSession:
@@ -271,6 +274,9 @@ class PeerSession:
             if status == Status.SUCCESS:
                 self.accepted_controls.add(message.key)
             self.reply(message, status)
+            limit = b.close_after_controls
+            if limit is not None and len(self.of_kind(DcpControl)) >= limit:
+                self.close()
         elif isinstance(message, StreamRequest):
             if b.on_stream_request is not None:
                 b.on_stream_request(self, message)

@@ -53,6 +53,17 @@ def test_nothing_usable_offered() -> None:
         choose_mechanism(["CRAM-MD5"], tls=True)
 
 
+@pytest.mark.parametrize("offered", [["PLAIN"], ["CRAM-MD5"]])
+def test_refused_mechanism_choice_names_the_node(offered: list[str]) -> None:
+    def roundtrip(opcode: int, key: bytes, value: bytes) -> tuple[int, bytes]:
+        raise AssertionError("nothing may be sent")
+
+    with pytest.raises(ConfigError) as caught:
+        authenticate(roundtrip, Credentials("dcp", PASSWORD), offered, node="db7:11210", tls=False)
+    assert str(caught.value).startswith("db7:11210: ")
+    assert PASSWORD not in str(caught.value)
+
+
 def test_credentials_never_show_the_password() -> None:
     credentials = Credentials("dcp", PASSWORD)
     assert PASSWORD not in repr(credentials)

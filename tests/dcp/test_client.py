@@ -15,6 +15,7 @@ from replicator.dcp.client import ClientOptions, DcpClient, EventBatch
 from replicator.dcp.codec import (
     BufferAck,
     CloseStream,
+    DcpControl,
     GetClusterConfig,
     Response,
     StreamRequest,
@@ -288,14 +289,19 @@ def test_rollback_is_surfaced_with_the_seqno_from_the_value(peer: ScriptedPeer) 
 
 def test_temporary_failure_is_retried_with_backoff(peer: ScriptedPeer) -> None:
     replies = iter([Status.ETMPFAIL, Status.ETMPFAIL, Status.SUCCESS])
+    arrivals: list[float] = []
 
     def flaky(session: PeerSession, request: StreamRequest) -> None:
+        arrivals.append(time.monotonic())
         status = next(replies)
         value = encode_failover_log(DEFAULT_FAILOVER_LOG) if status == Status.SUCCESS else b""
         session.reply(request, status, value)
 
     peer.behaviour.on_stream_request = flaky
-    with make_client(peer) as client:
+    # No jitter: the waits are exactly 0.05 s, then 0.2 s.
+    retry = Backoff(initial=0.05, maximum=1.0, multiplier=4.0, deadline=3.0, jitter=False)
+    options = ClientOptions(connection=OPTIONS.connection, stream_retry=retry)
+    with make_client(peer, options=options) as client:
         client.open_stream(0, VbucketPosition.beginning(0), None)
         consumer = Consumer(client)
         consumer.until(has(StreamOpened))
@@ -303,6 +309,9 @@ def test_temporary_failure_is_retried_with_backoff(peer: ScriptedPeer) -> None:
         assert len(requests) == 3
         assert len({r.opaque for r in requests}) == 3  # each attempt is a new stream id
         assert consumer.events == [StreamOpened(0, DEFAULT_FAILOVER_LOG)]
+    first_gap, second_gap = arrivals[1] - arrivals[0], arrivals[2] - arrivals[1]
+    assert first_gap >= 0.05 and second_gap >= 0.2  # never sooner than the backoff says
+    assert second_gap > first_gap  # the spacing grows
 
 
 def test_temporary_failure_past_the_deadline_is_raised(peer: ScriptedPeer) -> None:
@@ -577,6 +586,90 @@ def test_reconnect_gives_up_after_its_deadline() -> None:
         peer.stop()
         with pytest.raises(ConnectionLostError, match="could not reconnect"):
             Consumer(client).until(lambda events: False, timeout=10.0)
+
+
+def test_node_breaking_after_every_handshake_is_backed_off_then_given_up(
+    peer: ScriptedPeer,
+) -> None:
+    def open_then_break(session: PeerSession, request: StreamRequest) -> None:
+        session.reply(request, value=encode_failover_log(DEFAULT_FAILOVER_LOG))
+        bad = encode_frame(0x80, Opcode.DCP_MUTATION, opaque=request.opaque, extras=b"\0" * 5)
+        session.send_raw(bad)
+
+    peer.behaviour.on_stream_request = open_then_break
+    deadline = 0.5
+    options = ClientOptions(
+        connection=OPTIONS.connection,
+        reconnect=Backoff(initial=0.05, maximum=0.2, deadline=deadline),
+    )
+    with make_client(peer, Positions(), options=options) as client:
+        client.open_stream(0, VbucketPosition.beginning(0), None)
+        started = time.monotonic()
+        with pytest.raises(ConnectionLostError) as caught:
+            Consumer(client).until(lambda events: False, timeout=10.0)
+        elapsed = time.monotonic() - started
+    message = str(caught.value)
+    assert message.startswith(f"{peer.address}: could not reconnect within 0.5 s")
+    assert "last cause" in message and "opcode 0x57" in message
+    assert deadline <= elapsed < deadline + 2.0
+    # Delays of at least 0.025, 0.05, 0.1, 0.1, ... s: a handful of sessions fit, not dozens.
+    assert 3 <= len(peer.sessions) <= 10
+
+
+def test_node_closing_every_connection_after_the_handshake_is_given_up(
+    peer: ScriptedPeer,
+) -> None:
+    options = ClientOptions(
+        connection=OPTIONS.connection,
+        reconnect=Backoff(initial=0.05, maximum=0.1, deadline=0.3),
+    )
+    with make_client(peer, Positions(), options=options) as client:
+        controls = len(peer.dcp_session().of_kind(DcpControl))
+        peer.behaviour.close_after_controls = controls  # every later connection: at once
+        peer.sessions[0].close()
+        with pytest.raises(ConnectionLostError, match=r"could not reconnect within 0\.3 s"):
+            Consumer(client).until(lambda events: False, timeout=10.0)
+    assert 3 <= len(peer.sessions) <= 10  # backed off: a handful of attempts, not dozens
+
+
+def test_a_connection_that_stayed_up_starts_a_fresh_streak(peer: ScriptedPeer) -> None:
+    stable_after = 0.05
+    options = ClientOptions(
+        connection=OPTIONS.connection,
+        reconnect=Backoff(initial=0.02, maximum=0.05, deadline=0.1),
+        connection_stable_after=stable_after,
+    )
+    with make_client(peer, options=options) as client:
+        for losses in range(3):  # three losses, over more than the deadline in all
+            peer.dcp_session(losses)
+            client.high_seqnos()  # answered: the client has this connection open and in use
+            up_since = time.monotonic()
+            # Stay up past connection_stable_after (the client must not fail meanwhile).
+            while (remaining := up_since + stable_after * 1.2 - time.monotonic()) > 0:
+                assert not client.poll(timeout=remaining)
+            peer.sessions[losses].close()
+        peer.dcp_session(3)  # reconnected again: no fatal error after the deadline
+        assert not client.poll(timeout=0)
+
+
+def test_a_connection_whose_data_was_acknowledged_starts_a_fresh_streak(
+    peer: ScriptedPeer,
+) -> None:
+    options = ClientOptions(
+        connection=OPTIONS.connection,
+        reconnect=Backoff(initial=0.05, maximum=0.05, deadline=0.08, jitter=False),
+    )
+    with make_client(peer, Positions(), options=options) as client:
+        client.open_stream(0, VbucketPosition.beginning(0), None)
+        consumer = Consumer(client)
+        for losses in range(3):  # three short-lived connections, over more than the deadline
+            consumer.until(has(StreamOpened, losses + 1))
+            session = peer.dcp_session(losses)
+            session.send_event(mutation(0, losses + 1), opaque=session.stream_opaque(0))
+            consumer.until(has(Mutation, losses + 1))  # acknowledged while the connection is up
+            session.close()
+            consumer.until(has(StreamEnd, losses + 1))
+        consumer.until(has(StreamOpened, 4))  # reopened on a fourth connection, no fatal error
 
 
 # --- flow control ------------------------------------------------------------------------

@@ -41,6 +41,7 @@ from replicator.sim.cluster import (
 from replicator.sim.faults import MalformedFrame
 from replicator.sim.server import ServerOptions
 from tests.dcp.scripted_peer import make_tls_files
+from tests.sim.raw_client import wait_until
 
 CREDENTIALS = Credentials(DEFAULT_USERNAME, DEFAULT_PASSWORD)
 NUM_VBUCKETS = 8
@@ -309,3 +310,73 @@ def test_tls_connection_to_the_simulated_cluster(bucket: SimBucket, tmp_path: Pa
                 client.open_stream(vb, VbucketPosition.beginning(vb), None)
             catch_up(client, mirror, bucket)
             assert mirror.live_state() == bucket_state(bucket)
+
+
+def test_bounded_streams_end_at_the_high_seqno_and_are_not_reopened(
+    cluster: SimCluster, bucket: SimBucket
+) -> None:
+    mirror = Mirror(NUM_VBUCKETS)
+    asked: list[int] = []
+
+    def committed_position(vb: int) -> tuple[VbucketPosition, FailoverLog | None]:
+        asked.append(vb)
+        return mirror.committed_position(vb)
+
+    with DcpClient(
+        cluster.connection_string,
+        CREDENTIALS,
+        options=options(),
+        committed_position=committed_position,
+    ) as client:
+        high = client.high_seqnos()
+        assert high == bucket.high_seqnos()
+        expected = bucket_state(bucket)
+        for vb in range(NUM_VBUCKETS):
+            client.open_stream(vb, VbucketPosition.beginning(vb), None, end=high[vb])
+        load(bucket, 30, prefix="beyond-the-end")  # past every bound: must not arrive
+        events: list[StreamEvent] = []
+        ends: dict[int, StreamEnd] = {}
+        deadline = time.monotonic() + 15
+        while len(ends) < NUM_VBUCKETS:
+            assert time.monotonic() < deadline, f"ends so far: {ends}"
+            batch = client.poll(timeout=0.2)
+            for event in batch:
+                mirror.apply(event)
+                events.append(event)
+                if isinstance(event, StreamEnd):
+                    ends[event.vbucket] = event
+            client.acknowledge(batch)
+        assert {e.reason for e in ends.values()} == {StreamEndReason.OK}
+        for vb in range(NUM_VBUCKETS):
+            seqnos = [
+                e.by_seqno
+                for e in events
+                if isinstance(e, Mutation | Deletion | Expiration) and e.vbucket == vb
+            ]
+            assert seqnos and max(seqnos) == high[vb], f"vbucket {vb}: {seqnos}"
+            assert client.stream_state(vb) is None  # ended for good
+        assert mirror.committed == high
+        assert mirror.live_state() == expected
+        assert sum(isinstance(e, StreamOpened) for e in events) == NUM_VBUCKETS
+        assert asked == []  # an OK end is final: nothing asked where to resume
+
+
+def test_queued_events_stay_within_the_windows_while_the_layer_above_waits(
+    cluster: SimCluster, bucket: SimBucket
+) -> None:
+    load(bucket, 300, prefix="wide", size=400)  # about 75 KB per node
+    bucket.evict_checkpoints()
+    window, largest_message = 4096, 1024
+    mirror = Mirror(NUM_VBUCKETS)
+    with start(cluster, mirror, flow_control_window=window) as client:
+        assert len(client.cluster_map.nodes) == 2
+        # Not polled: nothing is acknowledged, so each producer stops once its window is full.
+        assert wait_until(lambda: client.queued_bytes >= 2 * window, timeout=10.0), (
+            f"only {client.queued_bytes} bytes arrived"
+        )
+        bound = 2 * (window + largest_message)
+        for _ in range(2):  # a round trip to both nodes: whatever they sent before is queued
+            client.high_seqnos()
+            assert client.queued_bytes <= bound
+        catch_up(client, mirror, bucket, timeout=30.0)  # released by acknowledging: no stall
+        assert mirror.live_state() == bucket_state(bucket)

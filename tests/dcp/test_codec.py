@@ -8,6 +8,7 @@ import struct
 import pytest
 
 from replicator.dcp.codec import (
+    INITIAL_NRU,
     BufferAck,
     CloseStream,
     ClustermapChangeNotification,
@@ -341,7 +342,9 @@ def test_mutation_layout() -> None:
     frame = parse_frame(encode_dcp_message(mutation, opaque=0x55, features=COLLECTIONS))
     assert frame.magic == Magic.FLEX_REQUEST and frame.stream_id == 9
     assert (frame.opaque, frame.cas, frame.vbucket) == (0x55, 0xABC, 12)
-    assert frame.extras == struct.pack(">QQIIIHB", 100, 3, 0x02000006, 1_700_000_000, 0, 0, 0)
+    assert frame.extras == struct.pack(
+        ">QQIIIHB", 100, 3, 0x02000006, 1_700_000_000, 0, 0, INITIAL_NRU
+    )
     assert frame.key == b"\xac\x02doc-1"
     assert frame.datatype == Datatype.JSON
     assert decode_dcp_message(frame, COLLECTIONS) == mutation

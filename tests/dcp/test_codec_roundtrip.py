@@ -3,6 +3,7 @@ decodes to itself, with classic and with flexible framing."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -14,6 +15,7 @@ from replicator.dcp.codec import (
     ProducerMessage,
     Response,
     SetVbucketState,
+    VbucketSeqno,
     decode_client_frame,
     decode_dcp_message,
     decode_request,
@@ -21,15 +23,29 @@ from replicator.dcp.codec import (
     decode_server_frame,
     decode_server_request,
     encode_dcp_message,
+    encode_failover_log,
+    encode_hello_features,
     encode_request,
     encode_response,
+    encode_rollback_seqno,
+    encode_sasl_mechanisms,
     encode_server_request,
+    encode_vbucket_seqnos,
+    failover_log_of,
+    hello_features_of,
+    rollback_seqno_of,
+    sasl_mechanisms_of,
+    vbucket_seqnos_of,
 )
 from replicator.dcp.frame import Frame, FrameReader
-from replicator.dcp.opcodes import Magic
+from replicator.dcp.opcodes import Datatype, Magic, Opcode, Status
+from replicator.dcp.positions import MAX_FAILOVER_ENTRIES, FailoverLog
+from replicator.dcp.values import compress_value
 from tests.dcp import strategies as gen
 
 ROUND_TRIP = settings(max_examples=150, deadline=None)
+REPLY_ROUND_TRIP = settings(max_examples=50, deadline=None)
+"""Reply values are flat lists of integers or names: fewer examples cover them."""
 
 
 def _read_in_pieces(wire: bytes, data: st.DataObject) -> Frame:
@@ -129,3 +145,93 @@ def test_producer_messages_decode_with_extra_frame_infos(
 def _read_in_pieces_plain(wire: bytes) -> Frame:
     (frame,) = FrameReader().feed(wire)
     return frame
+
+
+# --- typed reply values: encoder and reader are inverse, across the wire ---------------------
+
+failover_logs = st.lists(
+    st.tuples(gen.u64, gen.u64), min_size=1, max_size=MAX_FAILOVER_ENTRIES
+).map(FailoverLog.of)
+vbucket_seqnos = st.lists(st.builds(VbucketSeqno, gen.u16, gen.u64), max_size=40)
+mechanism_names = st.text(
+    st.characters(blacklist_categories=["Cs", "Zs", "Zl", "Zp", "Cc"]), min_size=1, max_size=20
+)
+
+
+def _reply_across_the_wire(
+    opcode: int, status: int, value: bytes, data: st.DataObject, *, may_compress: bool
+) -> Response:
+    """A reply carrying `value` (snappy-compressed when drawn so), encoded and read back."""
+    datatype = 0
+    if may_compress and data.draw(st.booleans(), label="compress"):
+        value, datatype = compress_value(value), int(Datatype.SNAPPY)
+    opaque = data.draw(gen.opaques, label="opaque")
+    sent = Response(opcode, status, opaque, value, datatype=datatype)
+    received = decode_response(_read_in_pieces(encode_response(sent), data))
+    assert received == sent
+    return received
+
+
+@REPLY_ROUND_TRIP
+@given(
+    failover_logs, st.sampled_from([Opcode.DCP_STREAM_REQ, Opcode.DCP_GET_FAILOVER_LOG]), st.data()
+)
+def test_failover_log_round_trip(log: FailoverLog, opcode: Opcode, data: st.DataObject) -> None:
+    reply = _reply_across_the_wire(
+        opcode, Status.SUCCESS, encode_failover_log(log), data, may_compress=True
+    )
+    assert failover_log_of(reply) == log
+
+
+@REPLY_ROUND_TRIP
+@given(gen.u64, st.data())
+def test_rollback_seqno_round_trip(seqno: int, data: st.DataObject) -> None:
+    reply = _reply_across_the_wire(
+        Opcode.DCP_STREAM_REQ,
+        Status.ROLLBACK,
+        encode_rollback_seqno(seqno),
+        data,
+        may_compress=True,
+    )
+    assert rollback_seqno_of(reply) == seqno
+
+
+@REPLY_ROUND_TRIP
+@given(vbucket_seqnos, st.data())
+def test_vbucket_seqnos_round_trip(records: list[VbucketSeqno], data: st.DataObject) -> None:
+    reply = _reply_across_the_wire(
+        Opcode.GET_ALL_VB_SEQNOS,
+        Status.SUCCESS,
+        encode_vbucket_seqnos(records),
+        data,
+        may_compress=True,
+    )
+    assert vbucket_seqnos_of(reply) == tuple(records)
+
+
+@REPLY_ROUND_TRIP
+@given(st.lists(gen.u16, max_size=20), st.data())
+def test_hello_features_round_trip(features: list[int], data: st.DataObject) -> None:
+    reply = _reply_across_the_wire(
+        Opcode.HELLO, Status.SUCCESS, encode_hello_features(features), data, may_compress=False
+    )
+    assert hello_features_of(reply) == tuple(features)
+
+
+@REPLY_ROUND_TRIP
+@given(st.lists(mechanism_names, max_size=6), st.data())
+def test_sasl_mechanisms_round_trip(names: list[str], data: st.DataObject) -> None:
+    reply = _reply_across_the_wire(
+        Opcode.SASL_LIST_MECHS,
+        Status.SUCCESS,
+        encode_sasl_mechanisms(names),
+        data,
+        may_compress=False,
+    )
+    assert sasl_mechanisms_of(reply) == tuple(names)
+
+
+@pytest.mark.parametrize("names", [["SCRAM-SHA512", "PL AIN"], [""], ["PLAIN\n"]])
+def test_sasl_mechanism_names_that_would_not_read_back_are_refused(names: list[str]) -> None:
+    with pytest.raises(ValueError, match="SASL mechanism name"):
+        encode_sasl_mechanisms(names)

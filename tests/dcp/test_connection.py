@@ -254,8 +254,9 @@ def test_wrong_password_is_an_authentication_error_without_the_password(
 
 def test_plain_only_server_is_refused_over_tcp_before_sending_the_password() -> None:
     with ScriptedPeer(PeerBehaviour(mechanisms=("PLAIN",))) as peer:
-        with pytest.raises(ConfigError, match="clear over plain TCP"):
+        with pytest.raises(ConfigError, match="clear over plain TCP") as caught:
             connect(peer)
+        assert str(caught.value).startswith(f"{peer.address}: ")
         assert not peer.session().of_kind(SaslAuth)
         assert PASSWORD.encode() not in peer.session().raw_received
 
