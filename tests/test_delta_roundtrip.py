@@ -50,3 +50,14 @@ def test_merge_time_travel_and_commit_metadata(spark: Any, tmp_path: Path) -> No
     metadata = {row["version"]: row["userMetadata"] for row in history.collect()}
     assert metadata[2] == "batch=7"
     assert metadata[1] is None
+
+
+def test_the_shared_session_has_delta_and_the_small_machine_defaults(spark: Any) -> None:
+    from replicator.spark import DELTA_CONF, LOCAL_DEFAULTS
+
+    for key, value in {**DELTA_CONF, **LOCAL_DEFAULTS}.items():
+        assert spark.conf.get(key) == value, key
+    assert spark.sparkContext.master.startswith("local")
+    assert spark.sparkContext.uiWebUrl is None, "the UI is off on a local master"
+    jars = spark.conf.get("spark.jars")
+    assert "delta-spark_2.13-4.0.1.jar" in jars and "delta-storage-4.0.1.jar" in jars

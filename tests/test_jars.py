@@ -57,3 +57,37 @@ def test_locate_command_prints_one_line_without_traceback(tmp_path: Path) -> Non
     assert "Traceback" not in result.stderr
     assert result.stderr.count("\n") == 1
     assert "io.delta:delta-spark_2.13:4.0.1" in result.stderr
+
+
+def run_jars_command(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "replicator.jars", *args],
+        capture_output=True, text=True, env=env, timeout=60, check=False,
+    )
+
+
+def test_fetch_with_the_override_set_checks_it_instead_of_downloading(tmp_path: Path) -> None:
+    jars = [tmp_path / "a.jar", tmp_path / "b.jar"]
+    for jar in jars:
+        jar.write_bytes(b"PK")
+    # No Maven on PATH and an empty cache: a download attempt would fail.
+    env = dict(os.environ, PATH="/nonexistent", REPLICATOR_JAR_CACHE=str(tmp_path / "cache"),
+               **{OVERRIDE_ENV: ",".join(str(j) for j in jars)})
+    result = run_jars_command("fetch", env=env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == [str(j) for j in jars]
+    assert not (tmp_path / "cache").exists()
+
+    env[OVERRIDE_ENV] = str(tmp_path / "gone.jar")
+    refused = run_jars_command("fetch", env=env)
+    assert refused.returncode == 2
+    assert "Traceback" not in refused.stderr and OVERRIDE_ENV in refused.stderr
+
+
+def test_fetch_without_maven_names_maven_and_the_override(tmp_path: Path) -> None:
+    env = dict(os.environ, PATH="/nonexistent", REPLICATOR_JAR_CACHE=str(tmp_path / "cache"))
+    env.pop(OVERRIDE_ENV, None)
+    result = run_jars_command("fetch", env=env)
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert "mvn" in result.stderr and OVERRIDE_ENV in result.stderr
