@@ -8,16 +8,20 @@ commit sequence; the restart is a new run against the same target.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 from delta.tables import DeltaTable
 
-from replicator.delta.executor import FAULT_STEPS
+from replicator.delta.executor import FAULT_STEPS, CommitExecutor, WriteStrategy
+from replicator.delta.failover_logs import FailoverLogsTable
+from replicator.delta.schema import MirrorLayout
 from replicator.replication import ReplicationSummary
-from replicator.sim.bucket import SimBucket
+from replicator.sim.bucket import DocumentRecord, SimBucket
 from replicator.sim.cluster import SimCluster
 from replicator.sim.workload import Workload, WorkloadMix, initial_load
 from tests.mirror_check import (
@@ -34,16 +38,63 @@ class SimulatedCrash(Exception):
     pass
 
 
-def crash_at(step: str, occurrence: int = 1) -> Callable[[str], None]:
-    seen = {"count": 0}
+@dataclass
+class CommitCrash:
+    """A fault hook: crash at `step` of the `occurrence`-th data commit of kind `strategy`.
 
-    def hook(name: str) -> None:
-        if name == step:
-            seen["count"] += 1
-            if seen["count"] == occurrence:
-                raise SimulatedCrash(f"crash at {step}")
+    The executor only names the step; which kind of commit is under way comes from the batch
+    being executed (`watch` records it): its first-load part is APPENDed first, then the rest
+    MERGEd, each part passing the steps and ending at after_checkpoint.
+    """
 
-    return hook
+    step: str
+    strategy: WriteStrategy
+    occurrence: int = 1
+    parts: list[WriteStrategy] = field(default_factory=list)
+    seen: int = 0
+    interrupted: WriteStrategy | None = None
+
+    def watch(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        execute = CommitExecutor.execute
+
+        def recording(executor: CommitExecutor, batch: Any) -> Any:
+            self.parts = [
+                strategy
+                for strategy, present in (
+                    (WriteStrategy.APPEND, any(c.first_load for c in batch.commits)),
+                    (WriteStrategy.MERGE, any(not c.first_load for c in batch.commits)),
+                )
+                if present
+            ]
+            return execute(executor, batch)
+
+        monkeypatch.setattr(CommitExecutor, "execute", recording)
+
+    def __call__(self, name: str) -> None:
+        if name not in FAULT_STEPS or not self.parts:
+            return
+        current = self.parts[0]
+        if name == "after_checkpoint":
+            self.parts.pop(0)
+        if name == self.step and current is self.strategy:
+            self.seen += 1
+            if self.seen == self.occurrence:
+                self.interrupted = current
+                raise SimulatedCrash(f"crash at {name} of a {current.value}")
+
+
+CRASH_ROUNDS = (
+    # The first load is at least two APPENDs (300 rows, 150 a batch, vbuckets never split),
+    # so this crash lands after one made it, leaving a partial first load.
+    ("after_checkpoint", WriteStrategy.APPEND, 2),
+    # Every later round's 100 changes touch the vbuckets already loaded: a MERGE follows.
+    ("before_data_commit", WriteStrategy.MERGE, 1),
+    ("after_data_commit", WriteStrategy.MERGE, 1),
+)
+
+
+def latest_version(target: Path) -> int:
+    return max(int(path.stem) for path in (target / "_delta_log").glob("*.json"))
 
 
 def replicate(
@@ -69,38 +120,92 @@ def apply_changes(bucket: SimBucket, count: int, seed: int) -> None:
 
 
 def test_crash_at_every_commit_step_then_restart_loses_and_repeats_nothing(
-    spark: Any, cluster: SimCluster, tmp_path: Path
+    spark: Any, cluster: SimCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     target = tmp_path / "mirror"
     bucket = cluster.bucket
-    for round_, step in enumerate(FAULT_STEPS):
-        # The first load is at least two commits (300 rows, 150 a batch, vbuckets never
-        # split), so its crash lands after one made it; later rounds' 100 changes may all
-        # fit in a single commit, so they crash in their first.
-        occurrence = 2 if round_ == 0 else 1
+    assert {step for step, _, _ in CRASH_ROUNDS} == set(FAULT_STEPS)
+    landed_at: dict[int, WriteStrategy] = {}
+    for round_, (step, strategy, occurrence) in enumerate(CRASH_ROUNDS):
+        crash = CommitCrash(step, strategy, occurrence)
+        crash.watch(monkeypatch)
         with pytest.raises(SimulatedCrash):
-            replicate(spark, cluster, target, fault_hook=crash_at(step, occurrence=occurrence))
+            replicate(spark, cluster, target, fault_hook=crash)
+        assert crash.interrupted is strategy, f"round {round_} crashed in no {strategy.value}"
+        if step != "before_data_commit":  # the interrupted commit landed: it is the newest
+            landed_at[latest_version(target)] = strategy
         apply_changes(bucket, 100, seed=round_)
+    monkeypatch.undo()
     summary = replicate(spark, cluster, target)
 
     assert summary.caught_up
     assert_mirror_equals_bucket(spark, str(target), bucket)
     assert_no_change_applied_twice(spark, str(target))
     assert assert_every_version_consistent(spark, str(target), bucket) >= 4
+    history = {row["version"]: row for row in DeltaTable.forPath(spark, str(target)).history()
+               .select("version", "operation", "userMetadata").collect()}
+    for version, strategy in landed_at.items():
+        assert json.loads(history[version]["userMetadata"])["strategy"] == strategy.value
+        assert history[version]["operation"] == (
+            "MERGE" if strategy is WriteStrategy.MERGE else "WRITE"
+        )
+    # Saved on each stream request of every restart: the producer's logs, whole.
+    stored = FailoverLogsTable(spark, MirrorLayout(str(target)).failover_logs).load()
+    assert stored == {vb: bucket.failover_log(vb) for vb in range(bucket.num_vbuckets)}
 
 
-def test_updates_deletes_duplicates_and_group_commits_match_the_producer(
+class ReadersView:
+    """The producer's documents as a reader sees them: one already past its expiry is gone,
+    though the expiry pager has not visited it yet. The replicator deletes those (issue 5:
+    "a mutation whose expiry is already past removes it too"); the bucket still lists them."""
+
+    def __init__(self, bucket: SimBucket) -> None:
+        self._bucket = bucket
+
+    def documents(self) -> list[DocumentRecord]:
+        return self._readable(self._bucket.documents())
+
+    def state_at(self, vbucket: int, seqno: int) -> list[DocumentRecord]:
+        return self._readable(self._bucket.state_at(vbucket, seqno))
+
+    @staticmethod
+    def _readable(records: list[DocumentRecord]) -> list[DocumentRecord]:
+        now = time.time()
+        return [r for r in records if not r.expiry or r.expiry > now]
+
+
+def expire_some(bucket: SimBucket) -> DocumentRecord:
+    """Expirations from the producer (an explicit expire and the expiry pager) and a touch to
+    an expiry already past that no pager visits; returns the touched document's old record."""
+    now = int(time.time())
+    past_expiry, paged, expired = bucket.documents()[:3]
+    bucket.touch(past_expiry.key, now - 3600, collection=past_expiry.collection)
+    bucket.expire(expired.key, collection=expired.collection)
+    bucket.touch(paged.key, now - 7200, collection=paged.collection)
+    assert bucket.run_expiry_pager(now=now - 5400) == 1  # `paged` only
+    return past_expiry
+
+
+def test_updates_deletes_expiries_duplicates_and_group_commits_match_the_producer(
     spark: Any, cluster: SimCluster, tmp_path: Path
 ) -> None:
     target = tmp_path / "mirror"
     bucket = cluster.bucket
     replicate(spark, cluster, target, commit_max_rows=100_000, commit_interval_s=1.0)
     apply_changes(bucket, 400, seed=9)
+    touched = expire_some(bucket)
     replicate(spark, cluster, target, commit_max_rows=100_000, commit_interval_s=1.0)
 
-    assert_mirror_equals_bucket(spark, str(target), bucket)
+    # The touched document is still the producer's, past its expiry; the mirror dropped it.
+    assert touched.key in {r.key for r in bucket.documents(vbucket=touched.vbucket)}
+    mirrored = spark.read.format("delta").load(str(target)).where(
+        f"vbucket = {touched.vbucket} AND key = '{touched.key.decode()}'"
+    )
+    assert mirrored.count() == 0
+    readers_view: Any = ReadersView(bucket)
+    assert_mirror_equals_bucket(spark, str(target), readers_view)
     assert_no_change_applied_twice(spark, str(target))
-    assert_every_version_consistent(spark, str(target), bucket)
+    assert_every_version_consistent(spark, str(target), readers_view)
     history = DeltaTable.forPath(spark, str(target)).history().collect()
     widest = max(
         len(json.loads(row["userMetadata"])["positions"])
@@ -116,9 +221,11 @@ def test_a_first_snapshot_larger_than_the_memory_budget_spills_and_commits_whole
     bucket = SimBucket("big", num_vbuckets=1, seed=3)
     initial_load(bucket, docs=6_000, doc_size=3_000, seed=3)  # ~18 MB in one disk snapshot
     with SimCluster(bucket, nodes=1) as cluster:
+        # A 1 MiB flow-control window, a 18 MB snapshot: the stream only gets to the end of
+        # it if every staged chunk is acknowledged long before the snapshot can commit.
         summary = replicate(
             spark, cluster, tmp_path / "mirror", memory_budget_mb=8, commit_max_rows=1_000_000,
-            staging_dir=str(tmp_path / "staging"),
+            staging_dir=str(tmp_path / "staging"), flow_control_window_kb=1024,
         )
         assert summary.commits == 1
         assert summary.spilled_bytes > 2**20  # Parquet compresses the padding

@@ -307,7 +307,8 @@ def open_or_create(spark: SparkSession, path: str, config: MirrorConfig) -> Mirr
     """Open the mirror of `config.bucket` at `path`, creating it when the path is new or empty.
 
     Raises NotAMirrorError when the path holds non-Delta files, a Delta table that is not a
-    mirror, or a mirror of another bucket; ConfigError when the path cannot be written.
+    mirror, or a mirror of another bucket; ConfigError when the path cannot be written. An
+    existing mirror whose retention properties differ from `config` gets `config`'s (logged).
 
     >>> config = MirrorConfig("travel-sample")
     >>> mirror = open_or_create(spark, "/data/travel", config)  # doctest: +SKIP
@@ -355,7 +356,38 @@ def _ensure_data_table(spark: SparkSession, layout: MirrorLayout, config: Mirror
             # Another replicator may have created it at the same moment; validate theirs.
             if not is_delta_table_at(spark, path):
                 raise
-    _validate_data_table(spark, path, config)
+    properties = _validate_data_table(spark, path, config)
+    _apply_retention(spark, path, properties, config)
+
+
+RETENTION_PROPERTIES = ("delta.deletedFileRetentionDuration", "delta.logRetentionDuration")
+"""Data table properties that follow the configuration on every open, not only at creation:
+rollback computes its time-travel horizon from the configured values, so the table must keep
+files and log entries for exactly as long."""
+
+
+def _apply_retention(
+    spark: SparkSession, path: str, properties: Mapping[str, str], config: MirrorConfig
+) -> None:
+    """Set the configured retention properties on an existing data table where they differ."""
+    wanted = config.data_table_properties()
+    changed = {
+        key: wanted[key] for key in RETENTION_PROPERTIES if properties.get(key) != wanted[key]
+    }
+    if not changed:
+        return
+    assignments = ", ".join(
+        f"'{key}' = '{value.replace(chr(39), chr(39) * 2)}'" for key, value in changed.items()
+    )
+    quoted_path = path.replace("`", "``")
+    # The session's txn and userMetadata confs must not leak into this commit.
+    with SESSION_WRITE_LOCK:
+        spark.sql(f"ALTER TABLE delta.`{quoted_path}` SET TBLPROPERTIES ({assignments})")
+    log.info(
+        "mirror at %s: retention set from the configuration: %s",
+        path,
+        ", ".join(f"{key} {properties.get(key)!r} -> {value!r}" for key, value in changed.items()),
+    )
 
 
 def _create_data_table(spark: SparkSession, path: str, config: MirrorConfig) -> None:
@@ -373,7 +405,10 @@ def _create_data_table(spark: SparkSession, path: str, config: MirrorConfig) -> 
     builder.execute()
 
 
-def _validate_data_table(spark: SparkSession, path: str, config: MirrorConfig) -> None:
+def _validate_data_table(
+    spark: SparkSession, path: str, config: MirrorConfig
+) -> Mapping[str, str]:
+    """Check that `path` is this bucket's mirror; return the data table's properties."""
     from delta.tables import DeltaTable
 
     detail = (
@@ -403,6 +438,7 @@ def _validate_data_table(spark: SparkSession, path: str, config: MirrorConfig) -
             f"{path} is a mirror in format {layout_format}, this replicator writes format "
             f"{FORMAT_VERSION}"
         )
+    return properties
 
 
 def _create_if_missing(

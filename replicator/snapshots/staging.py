@@ -10,8 +10,9 @@ any memory. Rows are therefore staged as soon as they arrive and the stream can 
 them (BUFFER_ACK) without waiting for a commit.
 
 Spill files are Parquet with CHANGE_SCHEMA, mode 0600, in a directory of mode 0700 that the
-caller chooses (beside the table, so executors can read it). Not thread-safe: one event loop
-owns a Stager.
+caller chooses (beside the table, so executors can read it). The directory belongs to one
+Stager at a time (its owner's claim guarantees it), so a new Stager deletes the spill files a
+killed predecessor left there. Not thread-safe: one event loop owns a Stager.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import contextlib
 import errno
 import logging
 import os
+import re
 import shutil
 import time
 from collections.abc import Callable, Iterable
@@ -59,6 +61,9 @@ SpillWriter = Callable[[pa.Table, str], int]
 
 SpillFaultHook = Callable[[str], None]
 """Called with each name of SPILL_FAULT_STEPS as a spill file is written (fault injection)."""
+
+SPILL_FILE_NAME = re.compile(r"vb\d{4,}-\d{8,}\.parquet")
+"""Names the Stager gives its spill files (vb0007-00000001.parquet); nothing else is removed."""
 
 SPILL_FAULT_STEPS = ("before_spill_write", "after_spill_write")
 """Where a spill-file write calls the fault hook: an OSError raised at the first is handled
@@ -215,9 +220,12 @@ class Stager:
     >>> [run.end_seqno for run in stager.ready(7)]
     [9]
 
-    `stage_rows` either stages all its rows (in memory or in a new spill file) or, on
-    StagingError, none of them. In-memory rows never exceed the budget: rows that cannot fit
-    go straight to disk. Rows of a run claimed by a batch stay where they are until `release`.
+    The staging directory is made (mode 0700) if missing, and spill files left there by an
+    earlier Stager of the same owner (a killed run) are deleted: their rows were never
+    committed, and the new run reads them again from the stream. `stage_rows` either stages
+    all its rows (in memory or in a new spill file) or, on StagingError, none of them.
+    In-memory rows never exceed the budget: rows that cannot fit go straight to disk. Rows of
+    a run claimed by a batch stay where they are until `release`.
     """
 
     def __init__(
@@ -255,6 +263,7 @@ class Stager:
             raise StagingError(
                 f"cannot create staging directory {self._dir}: {exc.strerror}"
             ) from exc
+        self._remove_leftover_spill_files()
 
     @property
     def staging_dir(self) -> str:
@@ -451,6 +460,32 @@ class Stager:
         with contextlib.suppress(OSError):  # not empty or already gone: leave it
             os.rmdir(self._dir)
 
+    def _remove_leftover_spill_files(self) -> None:
+        """Delete spill files a killed run left here; their names would collide with ours."""
+        try:
+            names = os.listdir(self._dir)
+        except OSError as exc:
+            raise StagingError(
+                f"cannot list staging directory {self._dir}: {exc.strerror}"
+            ) from exc
+        leftovers = sorted(name for name in names if SPILL_FILE_NAME.fullmatch(name))
+        if not leftovers:
+            return
+        for name in leftovers:
+            path = os.path.join(self._dir, name)
+            try:
+                os.remove(path)
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                raise StagingError(
+                    f"cannot delete leftover spill file {path} of an earlier run: "
+                    f"{exc.strerror}; delete it or set staging_dir to another directory"
+                ) from exc
+        _log.info(
+            "removed %d leftover spill files of an earlier run from %s", len(leftovers), self._dir
+        )
+
     def _stage(self, vbucket: int) -> _VbucketStage:
         stage = self._vbuckets.get(vbucket)
         if stage is None:
@@ -493,7 +528,8 @@ class Stager:
             size = self._write(table, path)
             self._fault("after_spill_write")
         except OSError as exc:
-            _remove(path)
+            if not isinstance(exc, FileExistsError):  # an existing file is not ours to delete
+                _remove(path)
             if exc.errno in (errno.ENOSPC, errno.EDQUOT):
                 raise StagingError(
                     f"cannot spill {table.num_rows} rows of vbucket {vbucket} to {path}: the "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -148,6 +149,12 @@ def test_group_commit_rewrites_only_its_vbuckets_partitions(
     }
     metrics = mirror.delta().history().where(f"version = {merge.table_version}").first()
     assert metrics is not None
+    # Delta can only prune files by a literal on the partition column: without
+    # `t.vbucket IN (3, 4)` the join condition alone would scan every partition.
+    predicate = metrics["operationParameters"]["predicate"]
+    literal = re.search(r"\bvbucket(?:#\d+)? IN \(([\d, ]+)\)", predicate)
+    assert literal is not None, f"no literal vbucket IN (...) in the MERGE: {predicate}"
+    assert {int(vb) for vb in literal.group(1).split(",")} == {3, 4}
     operation_metrics = metrics["operationMetrics"]
     assert int(operation_metrics["numTargetRowsUpdated"]) == 1
     assert int(operation_metrics["numTargetRowsDeleted"]) == 1

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +18,7 @@ pytestmark = pytest.mark.spark
 
 
 def test_creates_partitioned_data_table_with_properties_and_metadata_tables(
-    spark: Any, tmp_path: Path
+    spark: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     path = tmp_path / "travel"
     mirror = open_or_create(spark, str(path), MirrorConfig("travel"))
@@ -41,6 +43,24 @@ def test_creates_partitioned_data_table_with_properties_and_metadata_tables(
     # Reopening the same mirror creates nothing new.
     again = open_or_create(spark, str(path), MirrorConfig("travel"))
     assert again.version() == mirror.version() == 0
+
+    # Reopening with other retention settings applies them (rollback's horizon follows them).
+    shorter = MirrorConfig(
+        "travel", deleted_file_retention=timedelta(days=2), log_retention=timedelta(hours=36)
+    )
+    with caplog.at_level(logging.INFO, logger="replicator.delta.table"):
+        reopened = open_or_create(spark, str(path), shorter)
+    detail = DeltaTable.forPath(spark, str(path)).detail().first()
+    assert detail is not None
+    assert detail["properties"]["delta.deletedFileRetentionDuration"] == "interval 2 days"
+    assert detail["properties"]["delta.logRetentionDuration"] == "interval 129600 seconds"
+    assert detail["properties"]["replicator.bucket"] == "travel"
+    assert reopened.version() == 1
+    assert "delta.deletedFileRetentionDuration 'interval 7 days' -> 'interval 2 days'" in (
+        caplog.text
+    )
+    # Unchanged settings write nothing.
+    assert open_or_create(spark, str(path), shorter).version() == 1
 
 
 def test_refuses_a_directory_of_other_files(spark: Any, tmp_path: Path) -> None:

@@ -118,6 +118,53 @@ def test_spill_files_are_owner_only_in_an_owner_only_directory(tmp_path: Path) -
     assert seqnos_of(table) == [1, 2, 3, 4]
 
 
+def test_a_restart_removes_the_killed_runs_spill_files_and_spills_again(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    directory = tmp_path / "staging" / "vb0-1"
+    killed = Stager(directory, memory_budget_bytes=1)
+    killed.stage_rows(3, rows(3, range(1, 5)))
+    killed.stage_rows(4, rows(4, range(1, 5)))
+    # The run is killed here: no close(), its two spill files stay behind.
+    left_behind = spill_paths(directory)
+    assert [path.name for path in left_behind] == [
+        "vb0003-00000001.parquet",
+        "vb0004-00000002.parquet",
+    ]
+    unrelated = directory / "notes.txt"
+    unrelated.write_text("not a spill file")
+    os.chmod(directory, 0o755)
+
+    with caplog.at_level("INFO", logger="replicator.snapshots.staging"):
+        restarted = Stager(directory, memory_budget_bytes=1)
+    assert spill_paths(directory) == []
+    assert "removed 2 leftover spill files" in caplog.text
+    assert unrelated.read_text() == "not a spill file"
+    assert stat.S_IMODE(directory.stat().st_mode) == 0o700
+
+    # The same file names as the killed run's come again and are written without a clash.
+    restarted.stage_rows(3, rows(3, range(1, 5)))
+    restarted.stage_rows(4, rows(4, range(1, 3)))
+    assert [path.name for path in spill_paths(directory)] == [
+        path.name for path in left_behind
+    ]
+    assert all(stat.S_IMODE(path.stat().st_mode) == 0o600 for path in spill_paths(directory))
+    restarted.complete_snapshot(snapshot(4, 1, 2))
+    [run] = restarted.ready(4)
+    assert seqnos_of(run.read_rows()) == [1, 2]
+
+
+def test_a_spill_file_that_exists_is_refused_and_left_alone(tmp_path: Path) -> None:
+    stager = Stager(tmp_path, memory_budget_bytes=1)
+    # Appears after the start (cannot happen while the owner holds its claim): never clobbered.
+    squatter = tmp_path / "vb0001-00000001.parquet"
+    squatter.write_bytes(b"someone else's")
+    with pytest.raises(StagingError, match="File exists"):
+        stager.stage_rows(1, rows(1, range(1, 3)))
+    assert squatter.read_bytes() == b"someone else's"
+    assert stager.pending_rows(1) == 0
+
+
 def test_rows_larger_than_the_budget_go_straight_to_disk(tmp_path: Path) -> None:
     stager = Stager(tmp_path, memory_budget_bytes=1024)
     stager.stage_rows(2, rows(2, range(1, 51)))
