@@ -12,9 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import threading
-import time
-from collections.abc import Callable
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -48,19 +46,21 @@ from replicator.audit import (
     version_at,
 )
 from replicator.audit_cli import add_audit_arguments, run_audit
-from replicator.config import ReplicatorConfig, Secret
+from replicator.cli import main as replicator_main
 from replicator.delta.schema import CommitMetadata
 from replicator.errors import ConfigError, NotAMirrorError
-from replicator.replication import Replication
-from replicator.runner import run_replication
 from replicator.sim.bucket import Delete, DocumentRecord, SimBucket, Upsert
 from replicator.sim.cluster import SimCluster
 from replicator.sim.workload import initial_load
+from replicator.soak.audit import expected_row
 from tests.mirror_check import expected_frame
+from tests.replication_runs import BackgroundReplication, replicator_settings
 
-VBUCKETS = 4
-ROLLED = 2
+VBUCKETS = 2
+ROLLED = 1
 """The vbucket that fails over; the audited order lives in it."""
+OTHER = 0
+"""The other vbucket: the doomed user lives there, so step C commits in both."""
 ORDERS = "app.orders"
 ORDER_VALUES = (
     {"status": "new", "total": 10.5, "items": [{"sku": "a1"}]},
@@ -69,7 +69,8 @@ ORDER_VALUES = (
 )
 LOST_WITH_FAILOVER = 3
 """Step C writes three items into the rolled vbucket: the failover loses exactly those."""
-WAIT_S = 600.0
+STEP_WAIT_S = 300.0
+"""Upper bound on one step's commit (the first one may warm up a cold JVM on a busy machine)."""
 
 
 # --- the scenario -------------------------------------------------------------------------
@@ -83,6 +84,8 @@ class AuditScenario:
     bucket: SimBucket
     order_key: str
     deleted_key: str
+    late_keys: tuple[str, ...]
+    """The two documents step C inserts into the rolled vbucket (lost with the failover)."""
     order_seqnos: tuple[int, int, int]
     boundary_a: int
     """Seqno of the rolled vbucket after the initial load."""
@@ -92,93 +95,36 @@ class AuditScenario:
     """... after the second update and two more documents (lost with the failover)."""
     boundary_d: int
     """... after one write on the new branch."""
+    high_seqnos_b: Mapping[int, int]
+    """Every vbucket's high seqno at step B: the whole mirror at B's table version."""
     abandoned_state: tuple[DocumentRecord, ...]
     """The rolled vbucket at boundary_c, as the producer held it before the failover."""
 
-
-def key_in_vbucket(bucket: SimBucket, vbucket: int, prefix: str, skip: int = 0) -> str:
-    keys = (f"{prefix}-{i}" for i in range(10_000))
-    return [key for key in keys if bucket.vbucket_for(key) == vbucket][skip]
-
-
-class LiveReplication:
-    """`run_replication` in a thread; the test waits for commits instead of restarting it."""
-
-    def __init__(self, spark: Any, cluster: SimCluster, target: str) -> None:
-        self._cluster = cluster
-        self._started = threading.Event()
-        self._replication: Replication | None = None
-        self._errors: list[BaseException] = []
-        config = ReplicatorConfig(
-            source=cluster.connection_string, target=target, password=Secret("password"),
-            commit_interval_s=0.1, progress="off",
-        )
-
-        def on_started(replication: Replication) -> None:
-            self._replication = replication
-            self._started.set()
-
-        def replicate() -> None:
-            try:
-                run_replication(config, spark=spark, on_started=on_started)
-            except BaseException as exc:
-                self._errors.append(exc)
-                self._started.set()
-
-        self._thread = threading.Thread(target=replicate, name="audit-replication", daemon=True)
-        self._thread.start()
-
-    def wait_committed(self) -> dict[int, int]:
-        """Wait until every vbucket committed the producer's high seqno on its current branch."""
-        bucket = self._cluster.bucket
-
-        def caught_up() -> bool:
-            assert self._replication is not None
-            positions = self._replication.positions()
-            return all(
-                vb in positions
-                and positions[vb].seqno == high
-                and positions[vb].vbucket_uuid
-                == bucket.failover_log(vb).entry_at(high).vbucket_uuid
-                for vb, high in bucket.high_seqnos().items()
-            )
-
-        self._wait(self._started.is_set, "the replication to start")
-        self._wait(caught_up, "the replication to commit the producer's high seqnos")
-        return bucket.high_seqnos()
-
-    def finish(self) -> None:
-        assert self._replication is not None
-        self._replication.request_catch_up(self._cluster.bucket.high_seqnos())
-        self._thread.join(timeout=WAIT_S)
-        if self._errors:
-            raise self._errors[0]
-        assert not self._thread.is_alive(), "the replication did not stop"
-
-    def _wait(self, condition: Callable[[], bool], what: str) -> None:
-        deadline = time.monotonic() + WAIT_S
-        pause = threading.Event()  # never set: a wait that wakes up to check the condition
-        while not condition():
-            if self._errors:
-                raise self._errors[0]
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"timed out after {WAIT_S:.0f}s waiting for {what}")
-            pause.wait(0.2)
+    def state_at_b(self) -> list[DocumentRecord]:
+        """The producer's documents, all vbuckets, when the mirror committed step B."""
+        return [record for vb, seqno in self.high_seqnos_b.items()
+                for record in self.bucket.state_at(vb, seqno)]
 
 
 _SCENARIOS: dict[str, AuditScenario] = {}
 
 
 def audit_scenario(spark: Any, root: Path) -> AuditScenario:
-    """Build the scenario mirror once per test run (test_interop_deltars reads it too)."""
+    """Build the scenario mirror once per test run (test_interop_deltars reads it too).
+
+    One continuous run (a restart would claim and release the vbuckets again) commits each
+    step before the next is written: the load, B, C, the rollback and D, five data commits
+    when each step's vbuckets commit together. Small on purpose: the commits are the cost.
+    """
     if "mirror" in _SCENARIOS:
         return _SCENARIOS["mirror"]
-    target = str(root / "mirror")
+    target = root / "mirror"
     bucket = SimBucket("shop", num_vbuckets=VBUCKETS, seed=10)
-    initial_load(bucket, docs=120, doc_size=160, seed=10, evict_checkpoints=False)
-    order = key_in_vbucket(bucket, ROLLED, "order-audit")
-    doomed = key_in_vbucket(bucket, 0, "user-doomed")
-    late = [key_in_vbucket(bucket, ROLLED, "late", skip=i) for i in range(2)]
+    initial_load(bucket, docs=24, doc_size=160, seed=10, evict_checkpoints=False)
+    (order,) = bucket.keys_in_vbucket(ROLLED, 1, "order-audit")
+    (doomed,) = bucket.keys_in_vbucket(OTHER, 1, "user-doomed")
+    late = tuple(bucket.keys_in_vbucket(ROLLED, 2, "late"))
+    (after_failover,) = bucket.keys_in_vbucket(ROLLED, 1, "after-failover")
     # Another document under the same key in another collection: history must ask which.
     items = bucket.apply_batch([
         Upsert(order, ORDER_VALUES[0], collection=ORDERS),
@@ -187,29 +133,41 @@ def audit_scenario(spark: Any, root: Path) -> AuditScenario:
     ])
     seqnos = [items[0].by_seqno]
     bucket.evict_checkpoints()
-    with SimCluster(bucket, nodes=1) as cluster:
-        live = LiveReplication(spark, cluster, target)
-        boundary_a = live.wait_committed()[ROLLED]
+    with SimCluster(bucket, nodes=1) as cluster, BackgroundReplication(
+        spark, replicator_settings(cluster, target, until_caught_up=False)
+    ) as live:
+
+        def committed(step: str) -> dict[int, int]:
+            """Wait until the mirror committed every vbucket's high seqno; returns them."""
+            highs = bucket.high_seqnos()
+            live.wait_for(lambda: dict(live.progress.committed) == highs,
+                          f"step {step} to be committed ({highs})", timeout=STEP_WAIT_S)
+            return highs
+
+        boundary_a = committed("A")[ROLLED]
         seqnos.append(bucket.upsert(order, ORDER_VALUES[1], collection=ORDERS).by_seqno)
-        boundary_b = live.wait_committed()[ROLLED]
+        highs_b = committed("B")
         step_c = bucket.apply_batch([
             Upsert(order, ORDER_VALUES[2], collection=ORDERS),
             Delete(doomed, collection="app.users"),
             *(Upsert(key, {"late": key}) for key in late),
         ])
         seqnos.append(step_c[0].by_seqno)
-        boundary_c = live.wait_committed()[ROLLED]
-        assert boundary_c == boundary_b + LOST_WITH_FAILOVER
+        boundary_c = committed("C")[ROLLED]
+        assert boundary_c == highs_b[ROLLED] + LOST_WITH_FAILOVER
         abandoned = tuple(bucket.state_at(ROLLED, boundary_c))
         cluster.failover(ROLLED, lose_last=LOST_WITH_FAILOVER)
-        bucket.upsert(key_in_vbucket(bucket, ROLLED, "after-failover"), {"branch": 2})
-        boundary_d = live.wait_committed()[ROLLED]
-        live.finish()
+        bucket.upsert(after_failover, {"branch": 2})
+        # The rolled vbucket's committed seqno goes C -> B (rollback) -> B + 1 (D): it only
+        # equals the new high seqno once the write on the new branch is committed.
+        highs_d = committed("D")
+        summary = live.finish(highs_d)
+    assert (summary.rollbacks, summary.full_resyncs) == (1, 0)
     scenario = AuditScenario(
-        target=target, bucket=bucket, order_key=order, deleted_key=doomed,
+        target=str(target), bucket=bucket, order_key=order, deleted_key=doomed, late_keys=late,
         order_seqnos=(seqnos[0], seqnos[1], seqnos[2]), boundary_a=boundary_a,
-        boundary_b=boundary_b, boundary_c=boundary_c, boundary_d=boundary_d,
-        abandoned_state=abandoned,
+        boundary_b=highs_b[ROLLED], boundary_c=boundary_c, boundary_d=highs_d[ROLLED],
+        high_seqnos_b=highs_b, abandoned_state=abandoned,
     )
     _SCENARIOS["mirror"] = scenario
     return scenario
@@ -239,6 +197,32 @@ def assert_rows_equal(spark: Any, actual: Any, records: Any) -> None:
     )
 
 
+def step_c_changes(scenario: AuditScenario) -> set[tuple[str, str]]:
+    """(key, change type) of every feed row step C left: all it wrote, nothing else."""
+    return {
+        (scenario.order_key, "update_preimage"), (scenario.order_key, "update_postimage"),
+        (scenario.deleted_key, "delete"),
+        *((key, "insert") for key in scenario.late_keys),
+    }
+
+
+def step_c_versions(spark: Any, scenario: AuditScenario) -> tuple[int, int]:
+    """From just after the first update's commit to just before the rollback: all of step C."""
+    start = checkpoint_version(spark, scenario.target, ROLLED, scenario.boundary_b) + 1
+    return start, rollbacks(spark, scenario.target)[0].table_version - 1
+
+
+def document_cells(record: DocumentRecord) -> tuple[Any, ...]:
+    """What `audit ... --json` prints of a document, from the producer's record."""
+    row = expected_row(record)
+    return (row[0], row[1], row[2], row[4], row[5], row[7], row[11])
+
+
+def printed_cells(document: dict[str, Any]) -> tuple[Any, ...]:
+    return tuple(document[name] for name in
+                 ("vbucket", "scope", "collection", "key", "seqno", "cas", "doc"))
+
+
 # --- document history ------------------------------------------------------------------------
 
 
@@ -257,6 +241,11 @@ def test_history_of_an_order_shows_each_update_and_the_rollback_that_undid_one(
     assert [v.commit_kind for v in history] == ["commit", "commit", "commit", "rollback"]
     assert [v.table_version for v in history] == sorted({v.table_version for v in history})
     assert all(v.vbucket == ROLLED and v.collection_path == ORDERS for v in history)
+    # Each version carries the commit time of the table version that made it.
+    assert [v.committed_at for v in history] == [
+        resolve_version(spark, scenario.target, version=v.table_version).committed_at
+        for v in history
+    ]
     (now,) = [r for r in scenario.bucket.documents(collection=ORDERS)
               if r.key.decode() == scenario.order_key]
     assert (history[-1].seqno, history[-1].cas) == (now.seqno, now.cas)
@@ -363,18 +352,15 @@ def test_at_source_seqno_follows_the_live_history_not_the_abandoned_branch(
 def test_changes_between_versions_and_between_their_times_agree(
     spark: Any, scenario: AuditScenario
 ) -> None:
-    # From just after the first update to just before the rollback: all of step C.
-    start = checkpoint_version(spark, scenario.target, ROLLED, scenario.boundary_b) + 1
-    end = rollbacks(spark, scenario.target)[0].table_version - 1
+    start, end = step_c_versions(spark, scenario)
     times = {v: resolve_version(spark, scenario.target, version=v).committed_at
              for v in (start, end)}
 
     by_version = changes_between(spark, scenario.target, start, end)
     by_time = changes_between(spark, scenario.target, times[start], times[end].isoformat())
 
-    changed = {(r["key"], r["_change_type"]) for r in by_version.collect()}
-    assert (scenario.order_key, "update_postimage") in changed
-    assert (scenario.deleted_key, "delete") in changed
+    rows = by_version.collect()
+    assert sorted((r["key"], r["_change_type"]) for r in rows) == sorted(step_c_changes(scenario))
     assert sorted(by_version.collect(), key=repr) == sorted(by_time.collect(), key=repr)
     assert changes_between(spark, scenario.target, datetime(2001, 1, 1, tzinfo=UTC),
                            datetime(2001, 1, 2, tzinfo=UTC)).count() == 0
@@ -484,6 +470,48 @@ def test_cli_history_json_and_rollbacks_table(
     with pytest.raises(VersionOutOfRangeError):
         run_audit(audit_args("--target", scenario.target, "as-of", "--version", "9999"),
                   spark=spark)
+
+
+@pytest.mark.spark
+def test_cli_as_of_and_changes_answer_what_the_producer_held_and_wrote(
+    spark: Any, scenario: AuditScenario, capsys: pytest.CaptureFixture[str]
+) -> None:
+    version_b = checkpoint_version(spark, scenario.target, ROLLED, scenario.boundary_b)
+    committed = resolve_version(spark, scenario.target, version=version_b).committed_at
+    expected = sorted(document_cells(record) for record in scenario.state_at_b())
+
+    for when in (("--version", str(version_b)), ("--timestamp", committed.isoformat())):
+        code = run_audit(audit_args("--target", scenario.target, "as-of", *when, "--json",
+                                    "--limit", "0"), spark=spark)
+        answer = json.loads(capsys.readouterr().out)
+        assert code == 0
+        assert answer["version"] == version_b, when
+        assert (answer["rows"], answer["shown"]) == (len(expected), len(expected)), when
+        assert sorted(printed_cells(d) for d in answer["documents"]) == expected, when
+
+    start, end = step_c_versions(spark, scenario)
+    code = run_audit(audit_args("--json", "--target", scenario.target, "changes", "--from",
+                                str(start), "--to", str(end), "--limit", "0"), spark=spark)
+    changes = json.loads(capsys.readouterr().out)
+    assert code == 0
+    printed = [(d["key"], d["_change_type"]) for d in changes["documents"]]
+    assert sorted(printed) == sorted(step_c_changes(scenario))
+    # Within a version, a document's old image comes before its new one.
+    assert [change for key, change in printed if key == scenario.order_key] == [
+        "update_preimage", "update_postimage"
+    ]
+
+
+def test_cli_audit_without_a_target_says_so_in_one_line_and_exits_2(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code = replicator_main(["audit", "rollbacks"])
+
+    captured = capsys.readouterr()
+    assert code == 2
+    (line,) = captured.err.splitlines()
+    assert line.startswith("replicator: ") and "--target" in line
+    assert captured.out == "" and "Traceback" not in captured.err
 
 
 def test_cli_parser_requires_one_way_of_saying_when() -> None:
