@@ -185,6 +185,8 @@ class Replication:
         self._clock = clock
         self._state: dict[int, VbucketProgress] = {}
         self._pending_logs: dict[int, FailoverLog] = {}
+        self._stored_logs: dict[int, FailoverLog] = {}
+        """Per vbucket, the failover log the table is known to hold (recovered or saved)."""
         self._next_batch_id = 0
         self._requested_targets: dict[int, int] | None = None
         self._targets_lock = threading.Lock()
@@ -196,6 +198,7 @@ class Replication:
         """Recover committed positions and open a stream per vbucket not yet caught up."""
         recovered = self._store.recover(self._vbuckets)
         self._next_batch_id = recovered.next_batch_id
+        self._stored_logs = dict(recovered.failover_logs)
         for vb in self._vbuckets:
             position = recovered.positions.get(vb) or VbucketPosition.beginning(vb)
             state = VbucketProgress(vb, position, recovered.failover_logs.get(vb))
@@ -299,7 +302,9 @@ class Replication:
         if isinstance(event, StreamOpened):
             state.failover_log = event.failover_log
             state.history_confirmed = True
-            self._pending_logs[event.vbucket] = event.failover_log
+            # A restart finds the same logs it stored: saving them again is a commit for nothing.
+            if event.failover_log != self._stored_logs.get(event.vbucket):
+                self._pending_logs[event.vbucket] = event.failover_log
             self._staging.feed(event)
             if state.resync:
                 self._resync_if_producer_empty(state, event.failover_log)
@@ -436,6 +441,7 @@ class Replication:
     def _save_pending_logs(self) -> None:
         if self._pending_logs:
             self._store.save_failover_logs(dict(self._pending_logs))
+            self._stored_logs.update(self._pending_logs)
             self._pending_logs.clear()
 
     def _report(self, *, force: bool = False) -> None:

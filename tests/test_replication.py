@@ -9,10 +9,13 @@ from typing import Any
 import pytest
 
 from replicator.config import ReplicatorConfig, Secret
+from replicator.delta.failover_logs import FailoverLogsTable
+from replicator.delta.schema import MirrorLayout
 from replicator.runner import run_replication
 from replicator.sim.bucket import SimBucket
 from replicator.sim.cluster import SimCluster
 from replicator.sim.workload import initial_load
+from replicator.soak.table_log import newest_version
 from tests.mirror_check import assert_mirror_equals_bucket
 
 pytestmark = pytest.mark.spark
@@ -46,3 +49,27 @@ def test_initial_load_until_caught_up_equals_source(
     assert summary.caught_up
     assert summary.items_committed >= 400
     assert_mirror_equals_bucket(spark, str(tmp_path / "mirror"), cluster.bucket)
+
+
+def test_a_restart_with_nothing_new_commits_nothing_but_saves_a_changed_failover_log(
+    spark: Any, cluster: SimCluster, tmp_path: Path
+) -> None:
+    target = tmp_path / "mirror"
+    layout = MirrorLayout(str(target))
+    run_replication(config_for(cluster, target), spark=spark)
+    data_version = newest_version(Path(layout.data))
+    logs_version = newest_version(Path(layout.failover_logs))
+
+    again = run_replication(config_for(cluster, target), spark=spark)
+
+    assert again.caught_up and again.commits == 0
+    assert newest_version(Path(layout.data)) == data_version
+    # The failover logs the producer sent are the ones stored: saving them again is no commit.
+    assert newest_version(Path(layout.failover_logs)) == logs_version
+
+    cluster.failover(0, lose_last=0)  # a new branch, nothing lost: the stored log is stale
+    cluster.bucket.upsert(cluster.bucket.keys_in_vbucket(0, 1, "late")[0], {"after": "failover"})
+    run_replication(config_for(cluster, target), spark=spark)
+    assert_mirror_equals_bucket(spark, str(target), cluster.bucket)
+    stored = FailoverLogsTable(spark, layout.failover_logs).load([0])
+    assert stored[0] == cluster.bucket.failover_log(0)
