@@ -3,8 +3,10 @@
 The sample mirror is built once, in this process, by the function the notebooks call when no
 MIRROR_PATH is set (`replicator.demo.build_sample_mirror`) on the session's warm Spark; both
 notebooks then read it through MIRROR_PATH, the way a user points them at the demo's table, so no
-kernel builds a mirror in a cold JVM. Each kernel is this interpreter (`sys.executable`), so no
-installed kernel spec is needed: a fresh CI virtualenv works.
+kernel builds a mirror in a cold JVM. Both run in one kernel, one after the other, to start one
+Spark driver instead of two; between them the kernel forgets everything the first defined (its
+names, imports and temporary views), so the second cannot lean on the first. The kernel is this
+interpreter (`sys.executable`), so no installed kernel spec is needed: a fresh CI virtualenv works.
 """
 
 from __future__ import annotations
@@ -47,9 +49,42 @@ def read(path: Path) -> nbformat.NotebookNode:
     return notebook
 
 
-def execute(name: str) -> nbformat.NotebookNode:
+FORGET_THE_FIRST_NOTEBOOK = """\
+from pyspark.sql import SparkSession as _Session
+
+_active = _Session.getActiveSession()
+if _active is not None:
+    for _table in _active.catalog.listTables():
+        if _table.isTemporary:
+            _active.catalog.dropTempView(_table.name)
+%reset -f
+"""
+"""Run between the notebooks: as if the second one started in a fresh kernel, but for the JVM."""
+
+
+def execute_in_one_kernel(*names: str) -> list[nbformat.NotebookNode]:
+    """Run the notebooks one after another in one kernel; each comes back with its outputs."""
+    combined = nbformat.v4.new_notebook()  # type: ignore[no-untyped-call]
+    spans = []
+    for index, name in enumerate(names):
+        if index:
+            combined.cells.append(
+                nbformat.v4.new_code_cell(FORGET_THE_FIRST_NOTEBOOK)  # type: ignore[no-untyped-call]
+            )
+        cells = read(NOTEBOOKS / name).cells
+        spans.append((len(combined.cells), len(combined.cells) + len(cells)))
+        combined.cells.extend(cells)
+    execute(combined)
+    notebooks = []
+    for start, end in spans:
+        notebook = nbformat.v4.new_notebook()  # type: ignore[no-untyped-call]
+        notebook.cells = combined.cells[start:end]
+        notebooks.append(notebook)
+    return notebooks
+
+
+def execute(notebook: nbformat.NotebookNode) -> nbformat.NotebookNode:
     """Run a notebook from the repository root; a failing cell raises CellExecutionError."""
-    notebook = read(NOTEBOOKS / name)
     # The client builds (so owns) its kernel manager, and shuts the kernel, with its Spark
     # driver, down at the end instead of leaving it running until the test process exits.
     client = NotebookClient(
@@ -112,8 +147,7 @@ def test_both_notebooks_run_on_the_sample_mirror(
 ) -> None:
     kernel_env.setenv("MIRROR_PATH", str(sample_mirror))
 
-    tour = execute("01_analyst_tour.ipynb")
-    audit = execute("02_time_travel_audit.ipynb")
+    tour, audit = execute_in_one_kernel("01_analyst_tour.ipynb", "02_time_travel_audit.ipynb")
 
     assert f"reading the mirror at {sample_mirror}" in text_output(tour)
     assert images(tour) >= 1
