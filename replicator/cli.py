@@ -117,7 +117,10 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 def _cmd_demo(args: argparse.Namespace) -> int:
     from replicator.demo import run_demo
 
-    result: int = run_demo(output_dir=args.output, docs=args.docs, vbuckets=args.vbuckets)
+    result: int = run_demo(
+        output_dir=args.output, docs=args.docs, vbuckets=args.vbuckets,
+        live_seconds=args.live_seconds, live_rate=args.live_rate,
+    )
     return result
 
 
@@ -170,6 +173,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--output", default="demo-output", help="where the demo leaves its table")
     demo.add_argument("--docs", type=int, default=20_000, help="initial documents")
     demo.add_argument("--vbuckets", type=int, default=64, help="vbuckets of the demo bucket")
+    demo.add_argument("--live-seconds", type=float, default=8.0,
+                      help="how long the live workload runs")
+    demo.add_argument("--live-rate", type=float, default=400.0,
+                      help="changes per second of the live workload")
     demo.set_defaults(handler=_cmd_demo)
     return parser
 
