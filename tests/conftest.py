@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared"
+from tests.golden_vectors import VECTORS
 
 
 @pytest.fixture(scope="session")
@@ -22,7 +21,7 @@ def spark() -> Iterator[object]:
 
 @pytest.fixture(scope="session")
 def vectors_dir() -> Path:
-    path = SHARED / "vectors"
-    if not path.is_dir():
-        pytest.fail(f"golden vectors not found at {path}: shared/ must sit beside the repo")
-    return path
+    """shared/vectors; its tests skip, naming the path, like every golden-vector test."""
+    if not VECTORS.is_dir():
+        pytest.skip(f"no vectors at {VECTORS}: shared/ must sit beside the repository")
+    return VECTORS

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import base64
 import json
 import re
-from pathlib import Path
 
 import pytest
 
@@ -20,17 +18,16 @@ from replicator.dcp.codec import (
 )
 from replicator.dcp.events import Mutation, SnapshotFlags, SnapshotMarker, SystemEvent
 from replicator.dcp.events import SystemEventType as Ev
-from replicator.dcp.frame import Frame, FrameReader, encode_frame, parse_frame
+from replicator.dcp.frame import Frame, FrameReader, parse_frame
 from replicator.dcp.opcodes import Magic, Opcode, Status
 from replicator.dcp.values import decode_xattrs, encode_xattrs
 from replicator.errors import ProtocolError
+from tests.golden_vectors import GOMEMCACHED, VECTORS, gomemcached_event_wire, requires_vectors
 
-VECTORS = Path(__file__).resolve().parents[2].parent / "shared" / "vectors"
-GOMEMCACHED = VECTORS / "gomemcached"
 COLLECTIONS = ConnectionFeatures(collections=True)
 NO_COLLECTIONS = ConnectionFeatures(collections=False)
 
-pytestmark = pytest.mark.skipif(not VECTORS.is_dir(), reason=f"no vectors at {VECTORS}")
+pytestmark = requires_vectors
 
 
 def _split_frame(name: str) -> Frame:
@@ -40,20 +37,7 @@ def _split_frame(name: str) -> Frame:
 
 
 def _json_event_frame(name: str) -> Frame:
-    """Rebuild a classic frame from gomemcached's JSON dump (base64 Extras, Key, Body)."""
-    event = json.loads((GOMEMCACHED / name).read_text())
-    wire = encode_frame(
-        Magic.REQUEST,
-        event["Opcode"],
-        datatype=event["DataType"],
-        vbucket_or_status=event["VBucket"],
-        opaque=event["Opaque"],
-        cas=event["Cas"],
-        extras=base64.b64decode(event["Extras"]),
-        key=base64.b64decode(event["Key"]),
-        value=base64.b64decode(event["Body"]),
-    )
-    return parse_frame(wire)
+    return parse_frame(gomemcached_event_wire(name))
 
 
 def test_snapshot_marker_vector() -> None:

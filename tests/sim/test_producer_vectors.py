@@ -9,26 +9,21 @@ every field but the magic and the framing extras is compared (the body length wi
 
 from __future__ import annotations
 
-import base64
-import json
 from dataclasses import replace
-from pathlib import Path
 from typing import TypeVar
 
 import pytest
 
 from replicator.dcp.codec import ConnectionFeatures, decode_dcp_message
 from replicator.dcp.events import Mutation, SnapshotFlags, SnapshotMarker, SystemEvent
-from replicator.dcp.frame import HEADER_SIZE, Frame, encode_frame, parse_frame
+from replicator.dcp.frame import HEADER_SIZE, Frame, parse_frame
 from replicator.dcp.opcodes import Magic
 from replicator.sim.dcp_controls import MarkerVersion
 from replicator.sim.producer_stream import ProducerStream, StreamEncoding, StreamFilter
 from replicator.sim.vbucket import HistoryItem, ServedSnapshot
+from tests.golden_vectors import GOMEMCACHED, gomemcached_event_wire, requires_vectors
 
-VECTORS = Path(__file__).resolve().parents[2].parent / "shared" / "vectors"
-GOMEMCACHED = VECTORS / "gomemcached"
-
-pytestmark = pytest.mark.skipif(not VECTORS.is_dir(), reason=f"no vectors at {VECTORS}")
+pytestmark = requires_vectors
 
 COLLECTION_AWARE = StreamEncoding(collections=True, json=True, marker_version=MarkerVersion.V1)
 # The snappy vectors hold a value the server had stored compressed: it went out compressed
@@ -119,18 +114,7 @@ def split_vector(name: str) -> Frame:
 
 def json_vector(name: str) -> tuple[Frame, bytes]:
     """A classic frame rebuilt from gomemcached's JSON dump, and its wire bytes."""
-    event = json.loads((GOMEMCACHED / name).read_text())
-    wire = encode_frame(
-        Magic.REQUEST,
-        event["Opcode"],
-        datatype=event["DataType"],
-        vbucket_or_status=event["VBucket"],
-        opaque=event["Opaque"],
-        cas=event["Cas"],
-        extras=base64.b64decode(event["Extras"]),
-        key=base64.b64decode(event["Key"]),
-        value=base64.b64decode(event["Body"]),
-    )
+    wire = gomemcached_event_wire(name)
     return parse_frame(wire), wire
 
 
