@@ -30,10 +30,14 @@ test-quick: setup
 demo: setup
 	$(VENV)/bin/replicator demo
 
-# Benchmarks are not tests: `make bench` measures (PRESET=quick|smoke for shorter runs).
+# Benchmarks are not tests: `make bench` measures (PRESET=quick|smoke for shorter runs), then
+# times one against two sharded replicators on a standalone cluster (the `quick` data set under
+# the default preset: a million documents would take the sharded loads most of an hour).
 PRESET ?= default
+SHARD_PRESET ?= $(if $(filter default,$(PRESET)),quick,$(PRESET))
 bench: setup
 	$(PY) jobs/bench.py --preset $(PRESET)
+	$(PY) jobs/bench.py --two-shards --preset $(SHARD_PRESET)
 
 # The long fault run: 200 SIGKILLs of a replicator under load, and a 100k-frame codec fuzz.
 soak: setup
