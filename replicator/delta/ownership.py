@@ -4,7 +4,9 @@ A claim is refused while another live owner (heartbeat within its lease) holds a
 vbuckets, or runs under the same owner id (it would share our Delta txnAppId). Claims are a
 MERGE that reads the whole owners table, so two claimers committing at once conflict in Delta's
 optimistic concurrency; a claimer that lost a race whose winner committed between its check and
-its MERGE sees the winner in the version its own MERGE produced, withdraws, and is refused.
+its MERGE sees the winner in the version its own MERGE produced, withdraws, and is refused. When
+the claim's commit directly follows the version its check read, nothing can have landed in
+between, and that second look is skipped.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from replicator.delta.table import (
     is_concurrent_modification,
     now_utc,
     retry_on_conflict,
+    table_version,
 )
 from replicator.errors import OwnershipConflict
 
@@ -37,6 +40,9 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 DEFAULT_LEASE = timedelta(minutes=2)
+
+LAST_COMMIT_VERSION_CONF = "spark.databricks.delta.lastCommitVersionInSession"
+"""Where Delta leaves the version of the session's latest commit."""
 
 _MAX_READABLE_OWNER_ID = 60
 
@@ -178,7 +184,9 @@ class OwnersTable:
             lease=lease,
         )
         for attempt in (1, 2):
-            records = self.records()
+            # Pinned, so that the claim's commit version tells whether anything landed since.
+            checked_version = table_version(self.spark, self.path)
+            records = self.records(checked_version)
             now = self._clock()
             rivals = _rivals(records, claim, now)
             if rivals:
@@ -187,7 +195,7 @@ class OwnersTable:
             if self._step_hook is not None:
                 self._step_hook("after_check")
             try:
-                self._commit_claim(claim, stale, now)
+                claim_version = self._commit_claim(claim, stale, now)
                 break
             except Exception as exc:
                 if not is_concurrent_modification(exc):
@@ -197,7 +205,8 @@ class OwnersTable:
                         f"could not claim vbuckets {_vbucket_list(wanted)}: other replicators "
                         f"kept claiming at the same time ({engine_error_summary(exc)})"
                     ) from None
-        self._withdraw_if_beaten(claim)
+        if claim_version != checked_version + 1:
+            self._withdraw_if_beaten(claim, claim_version)
         self._confirmed(claim, self._clock())
         return claim
 
@@ -265,7 +274,10 @@ class OwnersTable:
             "restart to claim again"
         )
 
-    def _commit_claim(self, claim: OwnerClaim, stale: Sequence[OwnerRecord], now: datetime) -> None:
+    def _commit_claim(
+        self, claim: OwnerClaim, stale: Sequence[OwnerRecord], now: datetime
+    ) -> int | None:
+        """MERGE the claim in; return its commit's version (None if Delta did not say)."""
         from delta.tables import DeltaTable
 
         rows: list[tuple[Any, ...]] = [(*_row(claim, now, now), "claim")]
@@ -273,6 +285,9 @@ class OwnersTable:
         schema = StructType([*OWNER_SCHEMA.fields, StructField("action", StringType(), False)])
         source = self.spark.createDataFrame(rows, schema)
         with delta_write_confs(self.spark, user_metadata=_metadata("claim", claim)):
+            # Every write of this package holds the session write lock, so the conf read below
+            # is this MERGE's own version, not another thread's.
+            self.spark.conf.unset(LAST_COMMIT_VERSION_CONF)
             (
                 DeltaTable.forPath(self.spark, self.path)
                 .alias("t")
@@ -287,10 +302,13 @@ class OwnersTable:
                 )
                 .execute()
             )
+            version = self.spark.conf.get(LAST_COMMIT_VERSION_CONF, None)
+        return None if version is None else int(version)
 
-    def _withdraw_if_beaten(self, claim: OwnerClaim) -> None:
+    def _withdraw_if_beaten(self, claim: OwnerClaim, version: int | None) -> None:
         """Refuse the claim if a rival's claim landed before ours: it is in our commit's view."""
-        version = self._claim_version(claim)
+        if version is None:
+            version = self._claim_version(claim)
         now = self._clock()
         rivals = _rivals(self.records(version), claim, now)
         if rivals:

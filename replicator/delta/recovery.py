@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from replicator.dcp.positions import FailoverLog, VbucketPosition
-from replicator.delta.checkpoints import CheckpointsTable
+from replicator.delta.checkpoints import Checkpoint, CheckpointsTable
 from replicator.delta.failover_logs import FailoverLogsTable
 from replicator.delta.schema import ROLLBACK
 from replicator.delta.table import MirrorTable
@@ -39,16 +39,20 @@ class RecoveredState:
         return frozenset(vb for vb, p in self.positions.items() if p.seqno == 0)
 
 
-def repair_checkpoints(mirror: MirrorTable) -> tuple[int, ...]:
+def repair_checkpoints(
+    mirror: MirrorTable, newest_versions: Mapping[str, int] | None = None
+) -> tuple[int, ...]:
     """Write the checkpoint rows of data commits that have none; return those commits' versions.
 
     Each owner checkpoints its commits in order, so a commit is missing exactly when it is newer
-    than its owner's newest checkpointed version. The rows carry the commit's own txn ids: if the
-    owner is alive and writes them too, one of the two appends is skipped. A repaired rollback
-    also restores the failover log it carried.
+    than its owner's newest checkpointed version (`newest_versions`, read here when not given).
+    The rows carry the commit's own txn ids: if the owner is alive and writes them too, one of
+    the two appends is skipped. A repaired rollback also restores the failover log it carried.
     """
     checkpoints = CheckpointsTable.of(mirror)
-    missing = mirror.commits_after(checkpoints.newest_versions_by_owner())
+    if newest_versions is None:
+        newest_versions = checkpoints.newest_versions_by_owner()
+    missing = mirror.commits_after(newest_versions)
     failover_logs: dict[int, FailoverLog] = {}
     for record in missing:
         checkpoints.record(record.metadata, record.version, record.timestamp)
@@ -68,13 +72,20 @@ def recover(mirror: MirrorTable, *, owner_id: str, vbuckets: Iterable[int]) -> R
     (1520, 43)
     """
     wanted = sorted(set(vbuckets))
-    repaired = repair_checkpoints(mirror)
     checkpoints = CheckpointsTable.of(mirror)
-    latest = checkpoints.latest(wanted)
+    overview = checkpoints.overview(wanted)
+    repaired = repair_checkpoints(mirror, overview.newest_versions)
+    latest: Mapping[int, Checkpoint]
+    if repaired:
+        # The repair appended rows the overview predates: read them again.
+        latest = checkpoints.latest(wanted)
+        newest_batch = checkpoints.newest_batch(owner_id)
+    else:
+        latest = overview.latest
+        newest_batch = overview.newest_batches.get(owner_id)
     positions = {
         vb: latest[vb].position if vb in latest else VbucketPosition.beginning(vb) for vb in wanted
     }
-    newest_batch = checkpoints.newest_batch(owner_id)
     return RecoveredState(
         positions=positions,
         failover_logs=FailoverLogsTable.of(mirror).load(wanted),

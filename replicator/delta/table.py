@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from replicator.delta.schema import (
     BUCKET_PROPERTY,
@@ -342,7 +342,7 @@ def open_or_create(spark: SparkSession, path: str, config: MirrorConfig) -> Mirr
 def _ensure_data_table(spark: SparkSession, layout: MirrorLayout, config: MirrorConfig) -> None:
 
     path = layout.data
-    if not is_delta_table_at(spark, path):
+    if not has_commits(spark, path):
         foreign = _foreign_entries(spark, path)
         if foreign:
             shown = ", ".join(sorted(foreign)[:5])
@@ -354,7 +354,7 @@ def _ensure_data_table(spark: SparkSession, layout: MirrorLayout, config: Mirror
             _create_data_table(spark, path, config)
         except Exception:
             # Another replicator may have created it at the same moment; validate theirs.
-            if not is_delta_table_at(spark, path):
+            if not has_commits(spark, path):
                 raise
     properties = _validate_data_table(spark, path, config)
     _apply_retention(spark, path, properties, config)
@@ -409,13 +409,7 @@ def _validate_data_table(
     spark: SparkSession, path: str, config: MirrorConfig
 ) -> Mapping[str, str]:
     """Check that `path` is this bucket's mirror; return the data table's properties."""
-    from delta.tables import DeltaTable
-
-    detail = (
-        DeltaTable.forPath(spark, path).detail().select("properties", "partitionColumns").first()
-    )
-    properties: Mapping[str, str] = (detail["properties"] if detail else None) or {}
-    partitioning = list(detail["partitionColumns"] or []) if detail else []
+    properties, partitioning = table_properties_and_partitioning(spark, path)
     mirrored = properties.get(BUCKET_PROPERTY)
     layout_format = properties.get(FORMAT_PROPERTY)
     if mirrored is None or layout_format is None:
@@ -446,7 +440,9 @@ def _create_if_missing(
 ) -> None:
     from delta.tables import DeltaTable
 
-    if is_delta_table_at(spark, path):
+    # A commit file is proof enough: loading the snapshot to ask Delta would cost a Spark job
+    # per table on every start, and the table's first real read checks it anyway.
+    if has_commits(spark, path):
         return
     builder = DeltaTable.createIfNotExists(spark).location(path).addColumns(schema)
     for key, value in properties.items():
@@ -454,8 +450,53 @@ def _create_if_missing(
     try:
         builder.execute()
     except Exception:
-        if not is_delta_table_at(spark, path):
+        if not has_commits(spark, path):
             raise
+
+
+def has_commits(spark: SparkSession, path: str) -> bool:
+    """Whether `path` itself is the root of a Delta table: its `_delta_log` holds a commit.
+
+    One filesystem listing, where is_delta_table_at loads the table's snapshot. Delta never
+    deletes a table's newest commit file, so a table always has one.
+    """
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    pattern = jvm.org.apache.hadoop.fs.Path(f"{path.rstrip('/')}/_delta_log/{'[0-9]' * 20}.json")
+    filesystem = pattern.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())  # type: ignore[union-attr]
+    commits = filesystem.globStatus(pattern)
+    return commits is not None and len(commits) > 0
+
+
+def delta_snapshot(spark: SparkSession, path: str) -> Any:
+    """Delta's snapshot of the table at `path`, brought up to date (a JVM Snapshot).
+
+    Updating lists the log and reads the newest checksum file: no Spark job, unlike
+    DeltaTable.detail() and history(). Its version is -1 when `path` has no Delta table.
+    Python's Delta API has no such call, so this goes through Delta's DeltaLog class.
+    """
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    delta_log = jvm.org.apache.spark.sql.delta.DeltaLog
+    return delta_log.forTableWithSnapshot(spark._jsparkSession, path)._2()
+
+
+def table_version(spark: SparkSession, path: str) -> int:
+    """The newest version of the Delta table at `path`, -1 when there is none."""
+    return int(delta_snapshot(spark, path).version())
+
+
+def table_properties_and_partitioning(
+    spark: SparkSession, path: str
+) -> tuple[dict[str, str], list[str]]:
+    """The table properties and partition columns of the Delta table at `path`, from its log."""
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    metadata = delta_snapshot(spark, path).metadata()
+    converters = jvm.scala.jdk.javaapi.CollectionConverters
+    properties = {str(k): str(v) for k, v in converters.asJava(metadata.configuration()).items()}
+    partitioning = [str(column) for column in converters.asJava(metadata.partitionColumns())]
+    return properties, partitioning
 
 
 def is_delta_table_at(spark: SparkSession, path: str) -> bool:

@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from replicator.delta.ownership import OwnersTable
+from replicator.delta.ownership import OwnerRecord, OwnersTable
 from replicator.delta.table import MirrorTable
 from replicator.errors import OwnershipConflict
 
@@ -153,3 +153,45 @@ def test_verify_trusts_the_lease_for_three_quarters_of_it_then_reads(
     clock.advance(2)
     with pytest.raises(OwnershipConflict):
         owners.verify(claim)
+
+
+def test_an_uncontested_claim_commits_right_after_its_check_and_reads_once(
+    mirror: MirrorTable, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from replicator.delta.table import table_version
+
+    owners = OwnersTable.of(mirror, clock=Clock())
+    reads: list[int | None] = []
+    read = OwnersTable.records
+
+    def counted(self: OwnersTable, version: int | None = None) -> list[OwnerRecord]:
+        reads.append(version)
+        return read(self, version)
+
+    monkeypatch.setattr(OwnersTable, "records", counted)
+    checked = table_version(mirror.spark, owners.path)
+    claim = owners.claim([170, 171], lease=LEASE, host="a", pid=1)
+    # Nothing landed between the check and the commit, so there is nothing to look at again.
+    assert reads == [checked]
+    assert table_version(mirror.spark, owners.path) == checked + 1
+    monkeypatch.undo()
+    assert [r.claim_id for r in owners.records() if r.vbuckets & {170, 171}] == [claim.claim_id]
+
+
+def test_a_stale_owner_heartbeating_between_check_and_commit_keeps_its_vbuckets(
+    mirror: MirrorTable,
+) -> None:
+    clock = Clock()
+    stale_owner = OwnersTable.of(mirror, clock=clock)
+    old = stale_owner.claim([180, 181], lease=LEASE, host="node-a", pid=11)
+    clock.advance(61)  # its lease ran out: a claimer may take it over...
+
+    def it_comes_back(step: str) -> None:
+        stale_owner.heartbeat(old)  # ...but it heartbeats before the claim commits
+
+    taker = OwnersTable.of(mirror, clock=clock, step_hook=it_comes_back)
+    with pytest.raises(OwnershipConflict, match=r"vbuckets 181 held by owner 'vb180-181'"):
+        taker.claim([181, 182], lease=LEASE, host="node-b", pid=22)
+    holders = [(r.host, sorted(r.vbuckets)) for r in taker.records() if r.vbuckets & {181, 182}]
+    assert holders == [("node-a", [180, 181])]
+    stale_owner.verify(old)
