@@ -201,13 +201,18 @@ def test_live_stream_wakes_on_new_items_without_polling() -> None:
         assert received[-1].vbucket == mutation.vbucket  # type: ignore[union-attr]
 
 
-def test_purged_tombstones_force_a_rollback_to_zero_unless_the_purge_seqno_is_known() -> None:
+def bucket_with_a_tombstone_at_seqno_3() -> tuple[SimBucket, int]:
+    """One vbucket: a, b, delete a (seqno 3), c; and its vbucket uuid."""
     bucket = one_vbucket_bucket()
     bucket.upsert("a", {"v": 1})
     bucket.upsert("b", {"v": 1})
     bucket.delete("a")
     bucket.upsert("c", {"v": 1})
-    uuid = bucket.failover_log(0).newest.vbucket_uuid
+    return bucket, bucket.failover_log(0).newest.vbucket_uuid
+
+
+def test_purged_tombstones_force_a_rollback_to_zero_unless_the_purge_seqno_is_known() -> None:
+    bucket, uuid = bucket_with_a_tombstone_at_seqno_3()
     purge_seqno = bucket.purge_tombstones(0)
     assert purge_seqno == 4
     with serve(bucket) as cluster, producer(cluster) as client:
@@ -219,12 +224,7 @@ def test_purged_tombstones_force_a_rollback_to_zero_unless_the_purge_seqno_is_kn
 
 
 def test_a_client_purge_seqno_higher_than_the_vbuckets_still_rolls_back_to_zero() -> None:
-    bucket = one_vbucket_bucket()
-    bucket.upsert("a", {"v": 1})
-    bucket.upsert("b", {"v": 1})
-    bucket.delete("a")
-    bucket.upsert("c", {"v": 1})
-    uuid = bucket.failover_log(0).newest.vbucket_uuid
+    bucket, uuid = bucket_with_a_tombstone_at_seqno_3()
     purge_seqno = bucket.purge_tombstones(0, up_to=3)
     assert purge_seqno == 3
     with serve(bucket) as cluster, producer(cluster) as client:
