@@ -193,9 +193,11 @@ def build_job_parser(prog: str = "replicate.py") -> argparse.ArgumentParser:
     return parser
 
 
-def _configure_logging(verbose: bool) -> None:
+def _configure_logging(verbose: bool, *, quiet: bool = False) -> None:
+    # `quiet`: the command narrates itself (the demo); only warnings and errors interleave.
+    level = logging.DEBUG if verbose else logging.WARNING if quiet else logging.INFO
     logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
+        level=level,
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
         stream=sys.stderr,
     )
@@ -218,7 +220,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `replicator` command; returns the exit code."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    _configure_logging(args.verbose)
+    _configure_logging(args.verbose, quiet=args.command == "demo")
     handler: Callable[[argparse.Namespace], int] = args.handler
     return guarded(lambda: handler(args))
 

@@ -97,6 +97,9 @@ def run_demo(
         out.say(f"serving {cluster.connection_string}")
         out.step("Starting Spark with Delta Lake")
         session = spark or build_session("replicator-demo")
+        if spark is None:
+            # Delta's internal warnings (checkpointed RDDs, missing statistics) drown the story.
+            session.sparkContext.setLogLevel("ERROR")
 
         out.step(f"Initial load into {target}")
         first = run_replication(
