@@ -241,7 +241,6 @@ class DcpClient:
         self._connecting: dict[KvNode, threading.Thread] = {}
         self._streams: dict[int, VbucketStream] = {}
         self._queue: collections.deque[_Queued] = collections.deque()
-        self._queued_bytes = 0
         self._failure_streaks: dict[KvNode, _FailureStreak] = {}
         self._proven: set[int] = set()
         """Live connections whose data the layer above acknowledged: they were healthy."""
@@ -288,7 +287,7 @@ class DcpClient:
         long the layer above leaves `poll` uncalled.
         """
         with self._lock:
-            return self._queued_bytes
+            return sum(queued.size for queued in self._queue)
 
     def stream_state(self, vbucket: int) -> StreamState | None:
         """The client-side state of a vbucket's stream, None when it has none."""
@@ -518,9 +517,7 @@ class DcpClient:
                 with self._lock:
                     self._ensure_connecting(node)
                 continue
-            if not self._register(node, connection):
-                with self._lock:
-                    self._ensure_connecting(node)
+            self._register(node, connection)
 
     def _new_connection(self, host: str, port: int) -> NodeConnection:
         return NodeConnection(
@@ -535,7 +532,8 @@ class DcpClient:
 
     def _register(self, node: KvNode, connection: NodeConnection) -> bool:
         """Make `connection` the node's; False when the client closed or the connection broke
-        already (then counted as a failure: its loss was not yet known to be this node's)."""
+        already (then counted as a failure, its loss not yet known to be this node's, and the
+        node reconnected)."""
         with self._cond:
             if self._closed:
                 connection.close()
@@ -545,6 +543,7 @@ class DcpClient:
                     connection.address, "the connection closed right after opening"
                 )
                 self._count_failure(node, cause, fresh=False)
+                self._ensure_connecting(node)  # a no-op inside the node's reconnect thread
                 return False
             self._connections[node] = connection
             self._by_id[connection.connection_id] = connection
@@ -1009,14 +1008,12 @@ class DcpClient:
         releases_stream: bool = False,
     ) -> None:
         self._queue.append(_Queued(event, connection.connection_id, size, releases_stream))
-        self._queued_bytes += size
 
     def _take_batch(self, limit: int) -> EventBatch:
         events: list[StreamEvent] = []
         counts: dict[int, int] = collections.defaultdict(int)
         while self._queue and len(events) < limit:
             queued = self._queue.popleft()
-            self._queued_bytes -= queued.size
             events.append(queued.event)
             if queued.size:
                 counts[queued.connection_id] += queued.size

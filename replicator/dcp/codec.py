@@ -74,10 +74,6 @@ _MARKER_V1_EXTRAS = struct.Struct(">QQI")
 _MARKER_V2_0_VALUE = struct.Struct(">QQIQQ")
 _MARKER_V2_2_VALUE = struct.Struct(">QQIQQQQ")
 _MUTATION_EXTRAS = struct.Struct(">QQIIIHB")
-
-INITIAL_NRU = 2
-"""The mutation extras' last byte as kv_engine sends an item no reader touched since it was
-written (its INITIAL_NRU_VALUE), to consumers that did not ask for the frequency counter."""
 _DELETION_V1_EXTRAS = struct.Struct(">QQH")
 _DELETION_V2_EXTRAS = struct.Struct(">QQIB")
 _EXPIRATION_EXTRAS = struct.Struct(">QQI")
@@ -87,6 +83,10 @@ _SCOPE_EVENT_VALUE = struct.Struct(">QI")
 _FAILOVER_ENTRY = struct.Struct(">QQ")
 _VBUCKET_SEQNO = struct.Struct(">HQ")
 _CLUSTERMAP_EPOCH_REVISION = struct.Struct(">qq")
+
+INITIAL_NRU = 2
+"""The mutation extras' last byte as kv_engine sends an item no reader touched since it was
+written (its INITIAL_NRU_VALUE), to consumers that did not ask for the frequency counter."""
 
 _MARKER_VERSION_2_0 = 0
 _MARKER_VERSION_2_2 = 2

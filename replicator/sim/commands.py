@@ -37,6 +37,7 @@ from replicator.dcp.codec import (
     encode_hello_features,
     encode_response,
     encode_rollback_seqno,
+    encode_sasl_mechanisms,
     encode_vbucket_seqnos,
 )
 from replicator.dcp.events import StreamEndReason, SystemEvent
@@ -272,7 +273,7 @@ class CommandProcessor:
         self._respond(frame, value=document, datatype=self._json_datatype())
 
     def _on_list_mechs(self, frame: Frame) -> None:
-        self._respond(frame, value=" ".join(MECHANISMS).encode())
+        self._respond(frame, value=encode_sasl_mechanisms(MECHANISMS))
 
     def _on_sasl_auth(self, frame: Frame) -> None:
         request = decode_request(frame)

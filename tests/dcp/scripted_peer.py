@@ -52,6 +52,7 @@ from replicator.dcp.codec import (
     encode_hello_features,
     encode_request,
     encode_response,
+    encode_sasl_mechanisms,
     encode_server_request,
     encode_vbucket_seqnos,
 )
@@ -256,7 +257,7 @@ class PeerSession:
             self.hello_agreed = tuple(f for f in message.features if f not in b.refuse_features)
             self.reply(message, value=encode_hello_features(self.hello_agreed))
         elif isinstance(message, SaslListMechs):
-            self.reply(message, value=" ".join(b.mechanisms).encode())
+            self.reply(message, value=encode_sasl_mechanisms(b.mechanisms))
         elif isinstance(message, SaslAuth | SaslStep):
             self._sasl(message)
         elif isinstance(message, SelectBucket):

@@ -14,7 +14,7 @@ import struct
 import subprocess
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -347,7 +347,7 @@ class RawClient:
         return self.request(request)
 
     def filtered_stream_request(
-        self, vbucket: int, stream_value: dict[str, object], *, start: int = 0
+        self, vbucket: int, stream_value: Mapping[str, object], *, start: int = 0
     ) -> Response:
         """STREAM_REQ from `start` with a JSON value (collections or scope filter, ...)."""
         opaque = self.next_opaque()

@@ -16,13 +16,10 @@ from replicator.dcp.events import (
     SystemEvent,
     SystemEventType,
 )
-from replicator.dcp.frame import encode_frame
 from replicator.dcp.opcodes import (
     Datatype,
     DcpOpenFlags,
     HelloFeature,
-    Magic,
-    Opcode,
     Status,
 )
 from replicator.dcp.values import encode_leb128
@@ -143,17 +140,8 @@ def test_filtered_stream_gets_seqno_advanced_for_what_it_does_not_see() -> None:
     users = bucket.create_collection("app", "users")  # seqno 2
     bucket.upsert("u1", {"v": 1}, collection="app.users")  # seqno 3
     with serve(bucket) as cluster, producer(cluster) as client:
-        value = json.dumps({"collections": [f"{users:x}"]}).encode()
-        opaque = client.next_opaque()
-        frame = encode_frame(
-            Magic.REQUEST,
-            Opcode.DCP_STREAM_REQ,
-            opaque=opaque,
-            extras=_stream_extras(),
-            value=value,
-            datatype=Datatype.JSON,
-        )
-        assert client.raw_request(frame, opaque).status == Status.SUCCESS
+        only_users = {"collections": [f"{users:x}"]}
+        assert client.filtered_stream_request(0, only_users).status == Status.SUCCESS
         received = [m for _raw, m in drain(client, 3)]
         # The scope's creation is not for this stream: its snapshot says only where it ended.
         assert [type(m).__name__ for m in received] == [
@@ -171,24 +159,11 @@ def test_filtered_stream_gets_seqno_advanced_for_what_it_does_not_see() -> None:
         assert client.next_message() == SeqnoAdvanced(0, 4)
 
 
-def _stream_extras(start: int = 0) -> bytes:
-    import struct
-
-    return struct.pack(">IIQQQQQ", 0, 0, start, 2**64 - 1, 0, start, start)
-
-
 def test_unknown_collection_in_a_filter_is_refused() -> None:
     bucket = SimBucket("b", num_vbuckets=1, seed=1)
     with serve(bucket) as cluster, producer(cluster) as client:
-        opaque = client.next_opaque()
-        frame = encode_frame(
-            Magic.REQUEST,
-            Opcode.DCP_STREAM_REQ,
-            opaque=opaque,
-            extras=_stream_extras(),
-            value=b'{"collections":["ff"]}',
-        )
-        assert client.raw_request(frame, opaque).status == Status.UNKNOWN_COLLECTION
+        refused = client.filtered_stream_request(0, {"collections": ["ff"]})
+        assert refused.status == Status.UNKNOWN_COLLECTION
 
 
 def test_snappy_xattrs_and_json_bits_follow_the_negotiation() -> None:
