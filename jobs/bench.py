@@ -53,7 +53,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(message, file=sys.stderr, flush=True)
 
     if args.two_shards:
-        return _two_shards(preset, args.work_dir)
+        return _two_shards(preset, args.work_dir, keep_work=args.keep_work)
 
     report = run_suite(preset, work_dir=args.work_dir, keep_work=args.keep_work, announce=announce)
     print(render_table(report))
@@ -63,16 +63,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 1 if report.failures else 0
 
 
-def _two_shards(preset: BenchPreset, work_dir: str | None) -> int:
-    """Time the preset's initial load as one replicator and as two shards; print both."""
+def _two_shards(preset: BenchPreset, work_dir: str | None, *, keep_work: bool) -> int:
+    """Time the preset's initial load as one replicator and as two shards; print both.
+
+    The work directory (two mirrors, the cluster's and producer's logs) goes afterwards, as
+    the suite's does, unless `keep_work` or the measurement failed.
+    """
+    import shutil
     import tempfile
 
-    from replicator.bench.sharding import measure_two_shard_load
+    from replicator.bench.sharding import ShardedLoadFailed, measure_two_shard_load
 
     work = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix="replicator-shards-"))
-    result = measure_two_shard_load(
-        preset.docs, preset.doc_size, preset.vbuckets, work_dir=work
-    )
+    try:
+        result = measure_two_shard_load(
+            preset.docs, preset.doc_size, preset.vbuckets, work_dir=work
+        )
+    except ShardedLoadFailed as exc:
+        print(f"bench.py: {exc}\nwork directory kept: {work}", file=sys.stderr)
+        return 1
+    if keep_work:
+        print(f"work directory kept: {work}", file=sys.stderr)
+    else:
+        shutil.rmtree(work, ignore_errors=True)
     for run in (result.one_shard, result.two_shards):
         print(
             f"{run.shards} shard(s), {run.cores_per_shard} core(s) each: {run.seconds:.1f} s, "

@@ -134,14 +134,13 @@ def build_sample_mirror(
     the mirror had committed, so it rolls that vbucket back.
     """
     out = console or DemoConsole()
-    target = str(root / "mirror")
+    target = root / "mirror"
     bucket = SimBucket("shop", num_vbuckets=8, seed=2026)
     mix = WorkloadMix(inserts=0.2, updates=0.6, deletes=0.2, expiries=0.0)
     workload = initial_load(bucket, docs=400, doc_size=200, seed=2026, mix=mix)
     with SimCluster(bucket, nodes=1) as cluster:
-        config = ReplicatorConfig(
-            source=cluster.connection_string, target=target, password=Secret(DEMO_PASSWORD),
-            until_caught_up=True, commit_interval_s=0.2, progress="off",
+        config = demo_config(
+            cluster, target, until_caught_up=True, commit_interval_s=0.2, progress="off"
         )
         out.say(run_replication(config, spark=spark).describe())  # the initial load
         changed = bucket.apply_batch(workload.next_batch(150))
@@ -150,7 +149,7 @@ def build_sample_mirror(
         cluster.failover(victim, lose_last=min(3, count))
         bucket.apply_batch(workload.next_batch(60))
         out.say(run_replication(config, spark=spark).describe())
-    return target
+    return str(target)
 
 
 def _live_phase(
@@ -166,39 +165,47 @@ def _live_phase(
     run = BackgroundRun(
         demo_config(cluster, target, progress="off"), spark=spark, name="demo-replication"
     )
-    replication = run.wait_started(timeout=300)
-    mix = WorkloadMix(inserts=4, updates=4, deletes=1, expiries=1)
+    try:
+        replication = run.wait_started(timeout=300)
+        mix = WorkloadMix(inserts=4, updates=4, deletes=1, expiries=1)
 
-    before = Workload(seed=7, mix=mix, doc_size=512, expiry_ttl_s=(1, 3))
-    before.ensure_collections(bucket)
-    report = run_workload(bucket, rate, workload=before, duration_s=seconds / 2)
-    victim, high = max(bucket.high_seqnos().items(), key=lambda item: item[1])
-    # Fail over only once the changes about to be lost are committed: then the mirror holds
-    # history the producer no longer has, and must roll that vbucket back.
-    def victim_committed() -> bool:
-        position = replication.positions().get(victim)
-        return position is not None and position.seqno >= high
+        before = Workload(seed=7, mix=mix, doc_size=512, expiry_ttl_s=(1, 3))
+        before.ensure_collections(bucket)
+        report = run_workload(bucket, rate, workload=before, duration_s=seconds / 2)
+        victim, high = max(bucket.high_seqnos().items(), key=lambda item: item[1])
 
-    _wait_until(victim_committed, timeout=300)
-    cluster.failover(victim, lose_last=FAILOVER_LOSES)
-    out.say(f"{report.ops} changes applied; failed over vbucket {victim} "
-            f"(new failover log head {bucket.failover_log(victim).newest.vbucket_uuid:#x})")
-    after = Workload(seed=8, mix=mix, doc_size=512, expiry_ttl_s=(1, 3))
-    report = run_workload(bucket, rate, workload=after, duration_s=seconds / 2)
-    out.say(f"{report.ops} more changes applied after the failover")
-    bucket.run_expiry_pager()
-    replication.request_catch_up(bucket.high_seqnos())
-    if not run.wait(timeout=600):
-        raise TimeoutError("the live replication did not catch up within 600 s")
-    return run.result()
+        # Fail over only once the changes about to be lost are committed: then the mirror
+        # holds history the producer no longer has, and must roll that vbucket back.
+        def victim_committed() -> bool:
+            position = replication.positions().get(victim)
+            return position is not None and position.seqno >= high
+
+        _wait_until(run, victim_committed, timeout=300)
+        cluster.failover(victim, lose_last=FAILOVER_LOSES)
+        out.say(f"{report.ops} changes applied; failed over vbucket {victim} "
+                f"(new failover log head {bucket.failover_log(victim).newest.vbucket_uuid:#x})")
+        after = Workload(seed=8, mix=mix, doc_size=512, expiry_ttl_s=(1, 3))
+        report = run_workload(bucket, rate, workload=after, duration_s=seconds / 2)
+        out.say(f"{report.ops} more changes applied after the failover")
+        bucket.run_expiry_pager()
+        replication.request_catch_up(bucket.high_seqnos())
+        if not run.wait(timeout=600):
+            raise TimeoutError("the live replication did not catch up within 600 s")
+        return run.result()
+    finally:
+        run.stop.set()  # a no-op once it caught up; else it must not outlive the demo's cluster
 
 
-def _wait_until(condition: Callable[[], bool], *, timeout: float) -> None:
+def _wait_until(run: BackgroundRun, condition: Callable[[], bool], *, timeout: float) -> None:
+    """Return once `condition()` holds; raise the run's own failure if it ended first."""
     deadline = time.monotonic() + timeout
     while not condition():
+        if run.done:
+            run.result()  # raises why it ended
+            raise RuntimeError("the live replication ended before the demo's failover")
         if time.monotonic() > deadline:
             raise TimeoutError(f"the demo waited {timeout:.0f}s for the replicator to commit")
-        time.sleep(0.1)
+        run.wait(0.1)
 
 
 def _analyst_queries(

@@ -99,7 +99,12 @@ class BackgroundReplication:
             self._config, spark=self._spark, fault_hook=self._fault_hook,
             on_started=self._publishing,
         )
-        self._run.wait_started(240.0)
+        try:
+            self._run.wait_started(240.0)
+        except BaseException:
+            # No __exit__ follows a failed __enter__: a run still starting must not outlive it.
+            self._run.stop.set()
+            raise
         return self
 
     def __exit__(

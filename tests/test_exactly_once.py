@@ -24,7 +24,9 @@ from replicator.replication import ReplicationSummary
 from replicator.sim.bucket import DocumentRecord, SimBucket
 from replicator.sim.cluster import SimCluster
 from replicator.sim.workload import Workload, WorkloadMix, initial_load
+from replicator.soak.table_log import newest_version
 from tests.mirror_check import (
+    ReadersView,
     assert_every_version_consistent,
     assert_mirror_equals_bucket,
     assert_no_change_applied_twice,
@@ -93,10 +95,6 @@ CRASH_ROUNDS = (
 )
 
 
-def latest_version(target: Path) -> int:
-    return max(int(path.stem) for path in (target / "_delta_log").glob("*.json"))
-
-
 def replicate(
     spark: Any, cluster: SimCluster, target: Path, **overrides: Any
 ) -> ReplicationSummary:
@@ -133,7 +131,9 @@ def test_crash_at_every_commit_step_then_restart_loses_and_repeats_nothing(
             replicate(spark, cluster, target, fault_hook=crash)
         assert crash.interrupted is strategy, f"round {round_} crashed in no {strategy.value}"
         if step != "before_data_commit":  # the interrupted commit landed: it is the newest
-            landed_at[latest_version(target)] = strategy
+            landed = newest_version(target)
+            assert landed is not None
+            landed_at[landed] = strategy
         apply_changes(bucket, 100, seed=round_)
     monkeypatch.undo()
     summary = replicate(spark, cluster, target)
@@ -152,26 +152,6 @@ def test_crash_at_every_commit_step_then_restart_loses_and_repeats_nothing(
     # Saved on each stream request of every restart: the producer's logs, whole.
     stored = FailoverLogsTable(spark, MirrorLayout(str(target)).failover_logs).load()
     assert stored == {vb: bucket.failover_log(vb) for vb in range(bucket.num_vbuckets)}
-
-
-class ReadersView:
-    """The producer's documents as a reader sees them: one already past its expiry is gone,
-    though the expiry pager has not visited it yet. The replicator deletes those (issue 5:
-    "a mutation whose expiry is already past removes it too"); the bucket still lists them."""
-
-    def __init__(self, bucket: SimBucket) -> None:
-        self._bucket = bucket
-
-    def documents(self) -> list[DocumentRecord]:
-        return self._readable(self._bucket.documents())
-
-    def state_at(self, vbucket: int, seqno: int) -> list[DocumentRecord]:
-        return self._readable(self._bucket.state_at(vbucket, seqno))
-
-    @staticmethod
-    def _readable(records: list[DocumentRecord]) -> list[DocumentRecord]:
-        now = time.time()
-        return [r for r in records if not r.expiry or r.expiry > now]
 
 
 def expire_some(bucket: SimBucket) -> DocumentRecord:
@@ -202,7 +182,7 @@ def test_updates_deletes_expiries_duplicates_and_group_commits_match_the_produce
         f"vbucket = {touched.vbucket} AND key = '{touched.key.decode()}'"
     )
     assert mirrored.count() == 0
-    readers_view: Any = ReadersView(bucket)
+    readers_view = ReadersView(bucket)
     assert_mirror_equals_bucket(spark, str(target), readers_view)
     assert_no_change_applied_twice(spark, str(target))
     assert_every_version_consistent(spark, str(target), readers_view)

@@ -26,8 +26,9 @@ from replicator.delta.table import ConflictRetry, delta_conflict_name, open_or_c
 from replicator.sim.bucket import SimBucket
 from replicator.sim.cluster import SimCluster
 from replicator.sim.workload import Workload, initial_load, run_workload
+from replicator.soak.process import replicator_command
 from replicator.soak.table_log import commits_after
-from tests.cli import PASSWORD, REPO, CliRun, clean_env, replicator_command, wait_until
+from tests.cli import PASSWORD, REPO, CliRun, clean_env, wait_until
 from tests.delta.helpers import batch, delete, upsert, vbucket_commit
 from tests.mirror_check import assert_mirror_equals_bucket
 

@@ -7,6 +7,7 @@ ran, that the JSON report parses with every section present, and that its number
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -213,3 +214,39 @@ def test_memory_and_rollback_goals_need_a_complete_run() -> None:
     assert verdicts(
         memory(python_mib=500.0, complete=False), rollback(only_partition=True, restored=False)
     ) == ("MISS", "MISS")
+
+
+def test_two_shard_bench_removes_its_work_unless_kept_or_failed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from jobs.bench import main
+    from replicator.bench import sharding
+
+    failing = False
+
+    def measured(
+        docs: int, doc_size: int, vbuckets: int, *, work_dir: Path
+    ) -> sharding.TwoShardLoadResult:
+        (work_dir / "one-shard").mkdir(parents=True)  # what a real run leaves behind
+        if failing:
+            raise sharding.ShardedLoadFailed("two-shards: shard 1/2 exited 1")
+        one = sharding.ShardRun(1, 2, 20.0, (20.0,), docs)
+        two = sharding.ShardRun(2, 1, 40.0, (39.0, 38.0), docs)
+        return sharding.TwoShardLoadResult(docs, doc_size, vbuckets, 1, 2, one, two)
+
+    monkeypatch.setattr(sharding, "measure_two_shard_load", measured)
+    work = tmp_path / "work"
+    args = ["--two-shards", "--preset", "smoke", "--work-dir", str(work)]
+
+    assert main(args) == 0
+    assert "speed-up of two shards: 0.50x" in capsys.readouterr().out
+    assert not work.exists()
+
+    assert main([*args, "--keep-work"]) == 0
+    assert (work / "one-shard").is_dir()
+    shutil.rmtree(work)
+
+    failing = True
+    assert main(args) == 1
+    assert "shard 1/2 exited 1" in capsys.readouterr().err
+    assert (work / "one-shard").is_dir(), "a failed measurement keeps its logs"

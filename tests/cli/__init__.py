@@ -18,6 +18,7 @@ REPO = Path(__file__).resolve().parents[2]
 PASSWORD = "Tr1cky-Pa55-7741"
 """The simulated cluster's password: no output may ever contain it."""
 
+
 def clean_env(password: str | None = PASSWORD, **extra: str) -> dict[str, str]:
     """This environment without REPLICATOR_* settings, plus the password and `extra`."""
     return replicator_environment(password, **extra)

@@ -26,16 +26,9 @@ from replicator.cli import EXIT_DIFFERENT, EXIT_OK, main
 from replicator.sim.bucket import SimBucket
 from replicator.sim.cluster import SimCluster
 from replicator.sim.workload import initial_load
+from replicator.soak.process import replicator_command
 from replicator.soak.table_log import table_versions
-from tests.cli import (
-    PASSWORD,
-    REPO,
-    CliRun,
-    clean_env,
-    replicator_command,
-    run_cli,
-    wait_until,
-)
+from tests.cli import PASSWORD, REPO, CliRun, clean_env, run_cli, wait_until
 from tests.mirror_check import assert_mirror_equals_bucket, expected_frame, mirror_frame
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(1500)]
