@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from replicator.dcp.positions import FailoverLog, VbucketPosition
-from replicator.delta.checkpoints import Checkpoint, CheckpointsTable
+from replicator.delta.checkpoints import CheckpointsTable
 from replicator.delta.failover_logs import FailoverLogsTable
 from replicator.delta.schema import ROLLBACK
 from replicator.delta.table import MirrorTable
@@ -75,14 +75,10 @@ def recover(mirror: MirrorTable, *, owner_id: str, vbuckets: Iterable[int]) -> R
     checkpoints = CheckpointsTable.of(mirror)
     overview = checkpoints.overview(wanted)
     repaired = repair_checkpoints(mirror, overview.newest_versions)
-    latest: Mapping[int, Checkpoint]
     if repaired:
-        # The repair appended rows the overview predates: read them again.
-        latest = checkpoints.latest(wanted)
-        newest_batch = checkpoints.newest_batch(owner_id)
-    else:
-        latest = overview.latest
-        newest_batch = overview.newest_batches.get(owner_id)
+        overview = checkpoints.overview(wanted)  # the repair appended rows it predates
+    latest = overview.latest
+    newest_batch = overview.newest_batches.get(owner_id)
     positions = {
         vb: latest[vb].position if vb in latest else VbucketPosition.beginning(vb) for vb in wanted
     }

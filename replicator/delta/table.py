@@ -216,9 +216,7 @@ class MirrorTable:
 
     def version(self) -> int:
         """The latest version of the data table."""
-        row = self.delta().history(1).select("version").first()
-        assert row is not None, "a Delta table always has a version"
-        return int(row["version"])
+        return table_version(self.spark, self.layout.data)
 
     def find_commit(
         self, owner_id: str, batch_id: int, part: int, *, recent_only: bool = False
@@ -462,10 +460,12 @@ def has_commits(spark: SparkSession, path: str) -> bool:
     """
     jvm = spark.sparkContext._jvm
     assert jvm is not None
-    pattern = jvm.org.apache.hadoop.fs.Path(f"{path.rstrip('/')}/_delta_log/{'[0-9]' * 20}.json")
-    filesystem = pattern.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())  # type: ignore[union-attr]
-    commits = filesystem.globStatus(pattern)
-    return commits is not None and len(commits) > 0
+    log_dir, filesystem = _hadoop_path(spark, f"{path.rstrip('/')}/_delta_log")
+    if not filesystem.exists(log_dir):
+        return False
+    # A filter on the listing, not a glob of the whole path: `[` or `{` in `path` is literal.
+    commit_files = jvm.org.apache.hadoop.fs.GlobFilter(f"{'[0-9]' * 20}.json")
+    return len(filesystem.listStatus(log_dir, commit_files)) > 0
 
 
 def delta_snapshot(spark: SparkSession, path: str) -> Any:
@@ -514,10 +514,7 @@ def is_delta_table_at(spark: SparkSession, path: str) -> bool:
 
 def _foreign_entries(spark: SparkSession, path: str) -> list[str]:
     """Names at `path` other than our metadata directory; [] when it does not exist."""
-    jvm = spark.sparkContext._jvm
-    assert jvm is not None
-    hadoop_path = jvm.org.apache.hadoop.fs.Path(path)
-    filesystem = hadoop_path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())  # type: ignore[union-attr]
+    hadoop_path, filesystem = _hadoop_path(spark, path)
     if not filesystem.exists(hadoop_path):
         return []
     if not filesystem.getFileStatus(hadoop_path).isDirectory():
@@ -528,8 +525,14 @@ def _foreign_entries(spark: SparkSession, path: str) -> list[str]:
 
 def path_exists(spark: SparkSession, path: str) -> bool:
     """Whether a file exists, through Hadoop's filesystem (works for local paths and URIs)."""
+    hadoop_path, filesystem = _hadoop_path(spark, path)
+    return bool(filesystem.exists(hadoop_path))
+
+
+def _hadoop_path(spark: SparkSession, path: str) -> tuple[Any, Any]:
+    """`path` as a Hadoop Path, with the FileSystem that serves it (JVM objects)."""
     jvm = spark.sparkContext._jvm
     assert jvm is not None
     hadoop_path = jvm.org.apache.hadoop.fs.Path(path)
     filesystem = hadoop_path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())  # type: ignore[union-attr]
-    return bool(filesystem.exists(hadoop_path))
+    return hadoop_path, filesystem

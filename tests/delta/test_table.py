@@ -72,6 +72,14 @@ def test_refuses_a_directory_of_other_files(spark: Any, tmp_path: Path) -> None:
     assert not (tmp_path / "_delta_log").exists()
 
 
+def test_reopens_a_mirror_whose_path_has_glob_characters(spark: Any, tmp_path: Path) -> None:
+    # Hadoop globs treat [1] and {a} as patterns: the table check must take the path literally.
+    path = str(tmp_path / "mirror[1]{a}")
+    created = open_or_create(spark, path, MirrorConfig("travel"))
+    reopened = open_or_create(spark, path, MirrorConfig("travel"))
+    assert reopened.version() == created.version() == 0
+
+
 def test_refuses_a_delta_table_that_is_not_a_mirror(spark: Any, tmp_path: Path) -> None:
     spark.range(3).write.format("delta").save(str(tmp_path / "numbers"))
     with pytest.raises(NotAMirrorError, match="not a replicator mirror"):
