@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from delta.tables import DeltaTable
 
 from replicator.config import ReplicatorConfig
+from replicator.delta.table import table_version
 from replicator.errors import ReplicatorError
 from replicator.runner import run_replication
 from replicator.sim.bucket import SimBucket, Upsert
@@ -77,10 +77,6 @@ def logged_more(
     caplog: pytest.LogCaptureFixture, fragment: str, *, than: int
 ) -> Callable[[], bool]:
     return lambda: log_count(caplog, fragment) > than
-
-
-def table_version(spark: Any, target: str) -> int:
-    return int(DeltaTable.forPath(spark, target).history(1).collect()[0]["version"])
 
 
 def assert_mirror_complete(spark: Any, target: str, bucket: SimBucket, *, versions: bool) -> None:

@@ -17,6 +17,7 @@ import pytest
 from delta.tables import DeltaTable
 
 from replicator.delta.schema import COMMIT, ROLLBACK
+from replicator.delta.table import table_version
 from replicator.replication import Replication
 from replicator.sim import commands
 from replicator.sim.bucket import SimBucket
@@ -68,10 +69,6 @@ def commit_kinds_since(spark: Any, target: Path, version: int) -> list[tuple[int
         if row["version"] > version and row["userMetadata"]
     ]
     return sorted(kinds)
-
-
-def latest_version(spark: Any, target: Path) -> int:
-    return int(DeltaTable.forPath(spark, str(target)).history(1).collect()[0]["version"])
 
 
 @pytest.fixture
@@ -189,7 +186,7 @@ def test_failover_while_snapshots_wait_for_a_group_commit_drops_only_that_vbucke
     write_docs(bucket, ROLLED, 4, "committed")
     replicate(spark, cluster, target)
     c1 = c0 + 4
-    start_version = latest_version(spark, target)
+    start_version = table_version(spark, str(target))
 
     # Nothing commits on its own during this run: every complete snapshot waits for the stop.
     config = replicator_settings(
