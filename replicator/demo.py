@@ -12,7 +12,6 @@ import shutil
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -162,10 +161,9 @@ def _live_phase(
 ) -> ReplicationSummary:
     """Replicate continuously while the workload runs; fail one vbucket over halfway."""
     bucket = cluster.bucket
-    run = BackgroundRun(
-        demo_config(cluster, target, progress="off"), spark=spark, name="demo-replication"
-    )
-    try:
+    config = demo_config(cluster, target, progress="off")
+    # Leaving the block stops the run: it must not outlive the demo's producer.
+    with BackgroundRun(config, spark=spark, name="demo-replication") as run:
         replication = run.wait_started(timeout=300)
         mix = WorkloadMix(inserts=4, updates=4, deletes=1, expiries=1)
 
@@ -180,7 +178,8 @@ def _live_phase(
             position = replication.positions().get(victim)
             return position is not None and position.seqno >= high
 
-        _wait_until(run, victim_committed, timeout=300)
+        if not run.wait_for(victim_committed, timeout=300):
+            raise TimeoutError("the demo waited 300 s for the replicator to commit")
         cluster.failover(victim, lose_last=FAILOVER_LOSES)
         out.say(f"{report.ops} changes applied; failed over vbucket {victim} "
                 f"(new failover log head {bucket.failover_log(victim).newest.vbucket_uuid:#x})")
@@ -188,24 +187,7 @@ def _live_phase(
         report = run_workload(bucket, rate, workload=after, duration_s=seconds / 2)
         out.say(f"{report.ops} more changes applied after the failover")
         bucket.run_expiry_pager()
-        replication.request_catch_up(bucket.high_seqnos())
-        if not run.wait(timeout=600):
-            raise TimeoutError("the live replication did not catch up within 600 s")
-        return run.result()
-    finally:
-        run.stop.set()  # a no-op once it caught up; else it must not outlive the demo's cluster
-
-
-def _wait_until(run: BackgroundRun, condition: Callable[[], bool], *, timeout: float) -> None:
-    """Return once `condition()` holds; raise the run's own failure if it ended first."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if run.done:
-            run.result()  # raises why it ended
-            raise RuntimeError("the live replication ended before the demo's failover")
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"the demo waited {timeout:.0f}s for the replicator to commit")
-        run.wait(0.1)
+        return run.catch_up(bucket.high_seqnos(), timeout=600)
 
 
 def _analyst_queries(

@@ -190,6 +190,7 @@ class Replication:
         self._next_batch_id = 0
         self._requested_targets: dict[int, int] | None = None
         self._targets_lock = threading.Lock()
+        self._step_observers: list[Callable[[Replication], None]] = []
         self.stats = ReplicationStats()
 
     # --- lifecycle ---------------------------------------------------------------------
@@ -207,6 +208,11 @@ class Replication:
             self._state[vb] = state
         for state in self._state.values():
             self._open(state)
+
+    def after_each_step(self, observer: Callable[[Replication], None]) -> None:
+        """Call `observer(self)` on the replication thread after every step (progress readers
+        that want a consistent view; register before `run`)."""
+        self._step_observers.append(observer)
 
     def request_catch_up(self, targets: Mapping[int, int]) -> None:
         """Ask a continuous run to stop once every vbucket committed `targets` (thread-safe).
@@ -243,6 +249,8 @@ class Replication:
         while not stop.is_set() and not self.all_caught_up():
             self._apply_requested_targets()
             self.step(poll_timeout=self._poll_timeout())
+            for observer in self._step_observers:
+                observer(self)
             now = self._clock()
             if now - last_heartbeat >= self._heartbeat_interval:
                 self._store.heartbeat()

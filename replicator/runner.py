@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping
 from contextlib import ExitStack
 from datetime import timedelta
@@ -184,6 +185,10 @@ def staging_dir_for(config: ReplicatorConfig, owner_id: str) -> str:
     return f"{staging_root(config)}/{owner_id}"
 
 
+STOP_GRACE_S = 60.0
+"""How long leaving a BackgroundRun's block waits for the stopped run to end (it commits what is
+complete first)."""
+
 class BackgroundRun:
     """`run_replication` on a thread of its own, for callers that act while it runs.
 
@@ -228,8 +233,17 @@ class BackgroundRun:
         self._thread = threading.Thread(target=run, name=name, daemon=True)
         self._thread.start()
 
+    def __enter__(self) -> BackgroundRun:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        # A run must not outlive its caller's block (nor the producer the block started).
+        self.stop.set()
+        self.wait(STOP_GRACE_S)
+
     @property
     def done(self) -> bool:
+        """The run ended (caught up, stopped or failed)."""
         return self._done.is_set()
 
     def wait_started(self, timeout: float) -> Replication:
@@ -243,6 +257,7 @@ class BackgroundRun:
 
     @property
     def replication(self) -> Replication:
+        """The running replication (RuntimeError before it started)."""
         if self._replication is None:
             raise RuntimeError("the replication has not started")
         return self._replication
@@ -250,6 +265,32 @@ class BackgroundRun:
     def wait(self, timeout: float) -> bool:
         """Wait for the run to end; False if it is still running after `timeout` seconds."""
         return self._done.wait(timeout)
+
+    def wait_for(self, condition: Callable[[], bool], *, timeout: float) -> bool:
+        """Wait until `condition()` holds while the run goes on; False after `timeout` seconds.
+
+        Raises the run's failure, or RuntimeError, if it ended before the condition held.
+        """
+        deadline = time.monotonic() + timeout
+        while not condition():
+            if self.done:
+                self.result()  # raises what ended it
+                raise RuntimeError("the replication ended before the awaited condition held")
+            if time.monotonic() > deadline:
+                return False
+            self.wait(0.05)
+        return True
+
+    def catch_up(self, targets: Mapping[int, int], *, timeout: float) -> ReplicationSummary:
+        """Have the run stop once every vbucket committed its seqno in `targets`; its summary.
+
+        TimeoutError if it has not ended within `timeout` seconds; the run's own failure if it
+        failed.
+        """
+        self.replication.request_catch_up(targets)
+        if not self.wait(timeout):
+            raise TimeoutError(f"the replication did not catch up within {timeout:g} s")
+        return self.result()
 
     def result(self) -> ReplicationSummary:
         """The summary of the ended run, or the exception it ended with."""

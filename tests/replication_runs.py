@@ -7,11 +7,9 @@ the replication thread after each of its steps, so the test thread reads a consi
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 from replicator.config import ReplicatorConfig, Secret
@@ -77,44 +75,32 @@ class BackgroundReplication:
         self._run: BackgroundRun | None = None
         self.progress = RunProgress()
 
-    def _publishing(self, replication: Replication) -> None:
-        """Wrap the driver's step so that the replication thread publishes its progress."""
-        inner = replication.step
-
-        def step(*, poll_timeout: float) -> None:
-            inner(poll_timeout=poll_timeout)
-            summary = replication.summary()
-            self.progress = RunProgress(
-                committed={vb: p.seqno for vb, p in replication.positions().items()},
-                staged_up_to=replication.staged_up_to(),
-                rollbacks=summary.rollbacks,
-                full_resyncs=summary.full_resyncs,
-                peak_buffered_bytes=summary.peak_buffered_bytes,
-            )
-
-        replication.step = step  # type: ignore[method-assign]
+    def _publish(self, replication: Replication) -> None:
+        """Runs on the replication thread after each step: the test thread reads a whole copy."""
+        summary = replication.summary()
+        self.progress = RunProgress(
+            committed={vb: p.seqno for vb, p in replication.positions().items()},
+            staged_up_to=replication.staged_up_to(),
+            rollbacks=summary.rollbacks,
+            full_resyncs=summary.full_resyncs,
+            peak_buffered_bytes=summary.peak_buffered_bytes,
+        )
 
     def __enter__(self) -> BackgroundReplication:
         self._run = BackgroundRun(
             self._config, spark=self._spark, fault_hook=self._fault_hook,
-            on_started=self._publishing,
+            on_started=lambda replication: replication.after_each_step(self._publish),
         )
         try:
             self._run.wait_started(240.0)
         except BaseException:
             # No __exit__ follows a failed __enter__: a run still starting must not outlive it.
-            self._run.stop.set()
+            self._run.__exit__()
             raise
         return self
 
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        value: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.background.stop.set()
-        self.background.wait(60.0)
+    def __exit__(self, *exc_info: object) -> None:
+        self.background.__exit__(*exc_info)
 
     @property
     def background(self) -> BackgroundRun:
@@ -129,33 +115,29 @@ class BackgroundReplication:
         self, condition: Callable[[], bool], what: str, *, timeout: float = WAIT_S
     ) -> None:
         """Return once `condition()` holds; fail on timeout or if the run ended first."""
-        deadline = time.monotonic() + timeout
-        while not condition():
-            if self.background.done:
-                try:
-                    self.background.result()
-                except BaseException as exc:
-                    raise AssertionError(f"the run failed while waiting for {what}") from exc
-                raise AssertionError(f"the run ended while waiting for {what}")
-            if time.monotonic() > deadline:
-                raise AssertionError(
-                    f"timed out after {timeout:g} s waiting for {what}: {self.progress}"
-                )
-            self.background.wait(0.02)
+        try:
+            held = self.background.wait_for(condition, timeout=timeout)
+        except BaseException as exc:
+            raise AssertionError(f"the run ended while waiting for {what}") from exc
+        if not held:
+            raise AssertionError(
+                f"timed out after {timeout:g} s waiting for {what}: {self.progress}"
+            )
 
     def finish(self, targets: Mapping[int, int], *, timeout: float = 180.0) -> ReplicationSummary:
         """Catch up to `targets` (seqno per vbucket), stop, and return the summary."""
-        self.replication.request_catch_up(targets)
-        summary = self._ended(timeout, f"no catch-up to {dict(targets)}")
+        try:
+            summary = self.background.catch_up(targets, timeout=timeout)
+        except TimeoutError:
+            raise AssertionError(
+                f"no catch-up to {dict(targets)} within {timeout:g} s: {self.progress}"
+            ) from None
         assert summary.caught_up
         return summary
 
     def stop(self, *, timeout: float = 180.0) -> ReplicationSummary:
         """Stop as an operator's SIGTERM does (complete snapshots commit) and return the summary."""
         self.background.stop.set()
-        return self._ended(timeout, "the run did not stop")
-
-    def _ended(self, timeout: float, failure: str) -> ReplicationSummary:
         if not self.background.wait(timeout):
-            raise AssertionError(f"{failure} within {timeout:g} s: {self.progress}")
+            raise AssertionError(f"the run did not stop within {timeout:g} s: {self.progress}")
         return self.background.result()

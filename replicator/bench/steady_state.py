@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
+from contextlib import closing
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -126,15 +127,10 @@ class _Window:
 
 def _wait_committed(run: BackgroundRun, target: int, timeout_s: float) -> bool:
     """Wait until the run's committed seqnos add up to `target`; False after `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
-    while _total({vb: p.seqno for vb, p in run.replication.positions().items()}) < target:
-        if run.done:
-            run.result()  # raises what stopped it
-            raise RuntimeError("the replication stopped before catching up")
-        if time.monotonic() > deadline:
-            return False
-        run.wait(0.1)
-    return True
+    return run.wait_for(
+        lambda: _total({vb: p.seqno for vb, p in run.replication.positions().items()}) >= target,
+        timeout=timeout_s,
+    )
 
 
 def _stop(run: BackgroundRun, *, wait_s: float) -> None:
@@ -151,8 +147,7 @@ def _run_window(
     spark: SparkSession, config: ReplicatorConfig, settings: SteadyStateSettings
 ) -> _Window:
     probe = DcpClient(config.source, Credentials(SIM_USERNAME, SIM_PASSWORD))
-    run = BackgroundRun(config, spark=spark, name="bench-replication")
-    try:
+    with closing(probe), BackgroundRun(config, spark=spark, name="bench-replication") as run:
         run.wait_started(settings.catch_up_timeout_s)
         # The backfill, then the changes that piled up while it was committed, ...
         warmed_up = all(
@@ -171,9 +166,6 @@ def _run_window(
         drained = warmed_up and _wait_committed(run, _total(highs), settings.catch_up_timeout_s)
         drained_at_ns = time.time_ns()
         _stop(run, wait_s=STOP_TIMEOUT_S if drained else 0.0)
-    finally:
-        run.stop.set()
-        probe.close()
     return _Window(
         warmed_up=warmed_up,
         start_ns=start_ns,
