@@ -42,7 +42,8 @@ def test_every_scheduled_fault_comes_after_a_kill_the_loop_reaches(kills: int) -
             assert all(kills // 4 <= cycle < kills - 2 for cycle in cycles), schedule
 
 
-# Twenty real restarts cost minutes of JVM and Delta start-up: `make soak` runs this.
+# Twenty real restarts cost 5-6 minutes of JVM and Delta start-up (about 16 CPU seconds each):
+# more than `make test`'s budget can take on 2 cores, so `make soak` runs this.
 @pytest.mark.spark
 @pytest.mark.soak
 @pytest.mark.timeout(1800)
@@ -58,14 +59,17 @@ def test_twenty_sigkills_lose_nothing_and_apply_nothing_twice(
     assert report.rollbacks_seen >= 1, "the failover must have rolled a vbucket back"
     assert report.resyncs_seen >= 1, "the purge must have forced a full resync"
     assert {STARTUP, INITIAL_LOAD, STEADY} <= set(report.kills_by_phase), report.kills_by_phase
-    assert report.versions_checked > KILLS // 2
+    # Every kill after a commit waited for a new table version first.
+    assert report.versions_checked >= (
+        report.kills_by_phase[INITIAL_LOAD] + report.kills_by_phase.get(STEADY, 0)
+    )
     assert report.changes_applied > 0
     assert report.documents_at_end > 0
 
 
 @pytest.mark.spark
 @pytest.mark.soak
-@pytest.mark.timeout(1800)
+@pytest.mark.timeout(600)
 def test_the_audit_catches_an_unnamed_change_and_a_lost_document(
     spark: Any, tmp_path: Path
 ) -> None:

@@ -100,7 +100,8 @@ class MirrorAudit:
         self._state: dict[int, dict[DocumentId, MirrorRow]] = {}
         self._applied: set[tuple[int, int, str, int, int]] = set()
         self._last_version = -1
-        self._committed: dict[int, int] = {}
+        self._committed: dict[int, list[int]] = {}
+        """Per vbucket, the seqnos its commits reached on the producer's current branch."""
         self._kinds: Counter[str] = Counter()
         self._versions_checked = 0
         self._changes_applied = 0
@@ -114,7 +115,11 @@ class MirrorAudit:
 
     def committed_seqnos(self) -> dict[int, int]:
         """Each vbucket's committed seqno as of the newest checked version."""
-        return dict(self._committed)
+        return {vb: seqnos[-1] for vb, seqnos in self._committed.items() if seqnos}
+
+    def committed_history(self, vbucket: int) -> list[int]:
+        """The seqnos `vbucket`'s commits reached, oldest first, since its last rollback."""
+        return list(self._committed.get(vbucket, []))
 
     def check_new_versions(self) -> int:
         """Check every version added since the last call; returns how many were checked."""
@@ -192,7 +197,10 @@ class MirrorAudit:
             self._kinds[metadata.kind] += 1
             for vbucket, position in sorted(metadata.positions.items()):
                 self._check_vbucket(where, vbucket, position.vbucket_uuid, position.seqno)
-                self._committed[vbucket] = position.seqno
+                history = self._committed.setdefault(vbucket, [])
+                # A rollback or resync rewinds: the commits above its seqno are gone.
+                history[:] = [seqno for seqno in history if seqno < position.seqno]
+                history.append(position.seqno)
         self._versions_checked += 1
 
     def _check_vbucket(self, where: str, vbucket: int, vbucket_uuid: int, seqno: int) -> None:

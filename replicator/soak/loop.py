@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from replicator.errors import ReplicatorError
-from replicator.sim.bucket import SimBucket
+from replicator.sim.bucket import DocumentRecord, SimBucket
 from replicator.sim.cluster import DEFAULT_PASSWORD, SimCluster
 from replicator.sim.workload import Workload, WorkloadMix, initial_load, run_workload
 from replicator.soak.audit import MirrorAudit
@@ -72,7 +72,7 @@ class CrashLoopSettings:
     purges: int = 1
     startup_kill_share: float = 0.35
     commit_interval_s: float = 0.5
-    commit_max_rows: int = 150
+    commit_max_rows: int = 5_000
     run_timeout_s: float = 600.0
     jvm: JvmTuning = field(default_factory=lambda: JvmTuning(default_class_archive()))
 
@@ -304,9 +304,11 @@ class CrashLoop:
                 "the rollback",
             )
             self._pause(process, rng.uniform(0.0, 1.5))
-        elif rng.random() < self.settings.startup_kill_share:
+        elif self._startup_times and rng.random() < self.settings.startup_kill_share:
+            # The first run always reaches a commit: it is the initial load's, and it tells
+            # how long a start-up lasts.
             phase = STARTUP
-            expected = statistics.median(self._startup_times) if self._startup_times else 10.0
+            expected = statistics.median(self._startup_times)
             self._pause(process, rng.uniform(0.2, expected))
         else:
             phase = INITIAL_LOAD if initial else STEADY
@@ -368,28 +370,44 @@ class CrashLoop:
         injected = False
         for entry in due:
             _, kind = entry
-            committed = audit.committed_seqnos()
-            highs = cluster.bucket.high_seqnos()
+            bucket = cluster.bucket
             if kind == "failover":
-                choices = sorted(vb for vb, seqno in committed.items() if seqno >= 1)
+                # Keep the last items down to an older commit of the vbucket: the producer
+                # then asks for a rollback the mirror can answer from its own history.
+                choices = sorted(
+                    vb for vb in range(self.settings.vbuckets)
+                    if len(audit.committed_history(vb)) >= 2
+                    and audit.committed_history(vb)[-2] >= 1
+                )
             else:
-                choices = sorted(vb for vb, seqno in committed.items() if 0 < seqno < highs[vb])
+                # Purging needs a tombstone above the committed seqno to force a resync.
+                choices = sorted(
+                    vb for vb, seqno in audit.committed_seqnos().items()
+                    if seqno > 0 and _lasting_documents(bucket, vb)
+                )
             if not choices:
                 continue  # nothing committed yet that this fault could take away: next time
             vbucket = self._rng.choice(choices)
             workload.stop()
             if kind == "failover":
-                seqno = committed[vbucket]
-                keep = self._rng.randint(max(0, seqno - 5), seqno - 1)
-                cluster.failover(vbucket, lose_last=cluster.bucket.high_seqnos()[vbucket] - keep)
+                *_, older, newest = audit.committed_history(vbucket)
+                keep = self._rng.randint(older, newest - 1)
+                cluster.failover(vbucket, lose_last=bucket.high_seqnos()[vbucket] - keep)
                 self._failovers += 1
             else:
+                victim = self._rng.choice(_lasting_documents(bucket, vbucket))
+                bucket.delete(victim.key, collection=victim.collection)
                 cluster.purge_tombstones(vbucket)
                 self._purges += 1
             workload.start()
             schedule.remove(entry)
             injected = True
         return injected
+
+
+def _lasting_documents(bucket: SimBucket, vbucket: int) -> list[DocumentRecord]:
+    """The vbucket's live documents that have no expiry (none can vanish while we delete)."""
+    return [record for record in bucket.documents(vbucket=vbucket) if not record.expiry]
 
 
 def run_crash_loop(
