@@ -51,7 +51,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(message, file=sys.stderr, flush=True)
 
     try:
-        settings = CrashLoopSettings(work_dir=Path("."), kills=args.kills, seed=args.seed)
+        # A long soak injects more faults: one failover per 40 kills, one purge per 80.
+        settings = CrashLoopSettings(
+            work_dir=Path("."), kills=args.kills, seed=args.seed,
+            failovers=max(1, args.kills // 40),
+            purges=min(max(1, args.kills // 80), args.kills - 1),
+        )
     except ValueError as exc:
         parser.error(str(exc))
     work = Path(args.work_dir) if args.work_dir else Path(tempfile.mkdtemp(prefix="soak-"))

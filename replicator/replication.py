@@ -34,6 +34,7 @@ from replicator.snapshots.planner import (
     CommitTrigger,
     VbucketCommit,
     plan_commit,
+    stretched_for_slow_commits,
 )
 from replicator.snapshots.staging import StreamStager
 
@@ -188,6 +189,7 @@ class Replication:
         self._stored_logs: dict[int, FailoverLog] = {}
         """Per vbucket, the failover log the table is known to hold (recovered or saved)."""
         self._next_batch_id = 0
+        self._last_commit_seconds = 0.0
         self._requested_targets: dict[int, int] | None = None
         self._targets_lock = threading.Lock()
         self._step_observers: list[Callable[[Replication], None]] = []
@@ -409,7 +411,7 @@ class Replication:
         from replicator.snapshots.planner import seconds_until_due
 
         due = seconds_until_due(
-            self._staging.stager.ready_snapshots(), self._thresholds, now=self._clock()
+            self._staging.stager.ready_snapshots(), self._thresholds_now(), now=self._clock()
         )
         return 0.5 if due is None else min(0.5, max(0.0, due))
 
@@ -419,7 +421,7 @@ class Replication:
             stager.ready_snapshots(),
             {vb: s.committed for vb, s in self._state.items()},
             {vb: s.failover_log for vb, s in self._state.items() if s.failover_log is not None},
-            self._thresholds,
+            self._thresholds_now(),
             batch_id=self._next_batch_id,
             now=self._clock(),
             force=force,
@@ -432,7 +434,9 @@ class Replication:
             c.vbucket for c in batch.commits if self._state[c.vbucket].resync
         )
         stager.claim(batch)
+        started = self._clock()
         self._store.commit(batch, replace=replace)
+        self._last_commit_seconds = self._clock() - started
         stager.release(batch)
         self._next_batch_id = batch.batch_id + 1
         self.stats.commits += 1
@@ -445,6 +449,9 @@ class Replication:
             if state.caught_up and state.streaming:
                 self._source.close_stream(state.vbucket)
                 state.streaming = False
+
+    def _thresholds_now(self) -> CommitThresholds:
+        return stretched_for_slow_commits(self._thresholds, self._last_commit_seconds)
 
     def _save_pending_logs(self) -> None:
         if self._pending_logs:

@@ -44,6 +44,34 @@ class CommitThresholds:
             )
 
 
+SLOW_COMMIT_S = 5.0
+"""Commits longer than this stretch the delay threshold (see `stretched_for_slow_commits`)."""
+
+
+def stretched_for_slow_commits(
+    thresholds: CommitThresholds, last_commit_seconds: float
+) -> CommitThresholds:
+    """The thresholds for the next batch, given how long the last commit took (pure).
+
+    A commit's cost is mostly per partition written, not per row: under a heavy load, a
+    commit every `max_delay_seconds` would spend nearly all the time committing small batches
+    and fall ever further behind, since nothing is staged while a commit runs. After a slow
+    commit (over SLOW_COMMIT_S and over the delay), a batch waits as long as that commit
+    took, so batches grow until the mirror keeps up, with at most half the time spent in
+    commits. Quick commits (light load) keep the configured delay; rows and bytes still cap
+    every batch.
+
+    >>> base = CommitThresholds(max_delay_seconds=2.0)
+    >>> stretched_for_slow_commits(base, 1.5).max_delay_seconds
+    2.0
+    >>> stretched_for_slow_commits(base, 20.0).max_delay_seconds
+    20.0
+    """
+    if last_commit_seconds <= max(SLOW_COMMIT_S, thresholds.max_delay_seconds):
+        return thresholds
+    return replace(thresholds, max_delay_seconds=last_commit_seconds)
+
+
 class CommitTrigger(enum.Enum):
     """Why a batch was planned."""
 

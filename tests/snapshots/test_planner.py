@@ -13,11 +13,13 @@ from replicator.dcp.events import Deletion, Mutation, SnapshotFlags, SystemEvent
 from replicator.dcp.positions import FailoverLog, VbucketPosition
 from replicator.snapshots.assembly import CompleteSnapshot
 from replicator.snapshots.planner import (
+    SLOW_COMMIT_S,
     CommitThresholds,
     CommitTrigger,
     deduplicate_changes,
     plan_commit,
     seconds_until_due,
+    stretched_for_slow_commits,
     without_vbucket,
 )
 from replicator.snapshots.rows import CHANGE_SCHEMA, ChangeRowConverter, CollectionRegistry
@@ -194,6 +196,30 @@ def test_seconds_until_due_counts_from_the_oldest_unclaimed_run() -> None:
     assert seconds_until_due(ready, THRESHOLDS, now=12.0) == pytest.approx(3.0)
     assert seconds_until_due(ready, THRESHOLDS, now=20.0) == 0.0
     assert seconds_until_due({}, THRESHOLDS, now=0.0) is None
+
+
+@pytest.mark.parametrize("last_commit_s", [0.0, 4.9, SLOW_COMMIT_S])
+def test_quick_commits_keep_the_configured_delay(last_commit_s: float) -> None:
+    assert stretched_for_slow_commits(THRESHOLDS, last_commit_s) == THRESHOLDS
+
+
+def test_after_a_slow_commit_a_batch_waits_as_long_as_it_took_but_rows_still_cap_it() -> None:
+    stretched = stretched_for_slow_commits(THRESHOLDS, 20.0)
+    assert stretched.max_delay_seconds == 20.0
+    assert (stretched.max_rows, stretched.max_bytes) == (THRESHOLDS.max_rows, THRESHOLDS.max_bytes)
+    waiting = {1: (run(1, 1, 5, rows=10, ready_since=10.0),)}
+    # Due after the configured 5 s before, after 20 s now.
+    assert plan_commit(waiting, {}, LOGS, THRESHOLDS, batch_id=1, now=15.0) is not None
+    assert plan_commit(waiting, {}, LOGS, stretched, batch_id=1, now=15.0) is None
+    assert seconds_until_due(waiting, stretched, now=15.0) == pytest.approx(15.0)
+    late = plan_commit(waiting, {}, LOGS, stretched, batch_id=1, now=30.0)
+    assert late is not None and late.trigger is CommitTrigger.DELAY
+    full = {1: (run(1, 1, 5, rows=100, ready_since=10.0),)}
+    early = plan_commit(full, {}, LOGS, stretched, batch_id=1, now=11.0)
+    assert early is not None and early.trigger is CommitTrigger.ROWS
+    # A configured delay longer than the commit is left alone.
+    patient = CommitThresholds(max_delay_seconds=60.0)
+    assert stretched_for_slow_commits(patient, 20.0) == patient
 
 
 def test_partial_snapshots_wait_while_complete_ones_commit(tmp_path: Path) -> None:
