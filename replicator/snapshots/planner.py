@@ -44,7 +44,7 @@ class CommitThresholds:
             )
 
 
-SLOW_COMMIT_S = 5.0
+SLOW_COMMIT_S = 10.0
 """Commits longer than this stretch the delay threshold (see `stretched_for_slow_commits`)."""
 
 
