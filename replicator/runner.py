@@ -189,6 +189,7 @@ STOP_GRACE_S = 60.0
 """How long leaving a BackgroundRun's block waits for the stopped run to end (it commits what is
 complete first)."""
 
+
 class BackgroundRun:
     """`run_replication` on a thread of its own, for callers that act while it runs.
 

@@ -117,7 +117,9 @@ class BackgroundReplication:
         """Return once `condition()` holds; fail on timeout or if the run ended first."""
         try:
             held = self.background.wait_for(condition, timeout=timeout)
-        except BaseException as exc:
+        except Exception as exc:
+            if not self.background.done:
+                raise  # the condition itself failed: its own error says more
             raise AssertionError(f"the run ended while waiting for {what}") from exc
         if not held:
             raise AssertionError(

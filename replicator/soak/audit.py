@@ -198,8 +198,8 @@ class MirrorAudit:
             for vbucket, position in sorted(metadata.positions.items()):
                 self._check_vbucket(where, vbucket, position.vbucket_uuid, position.seqno)
                 history = self._committed.setdefault(vbucket, [])
-                # A rollback or resync rewinds: the commits above its seqno are gone.
-                history[:] = [seqno for seqno in history if seqno < position.seqno]
+                while history and history[-1] >= position.seqno:
+                    history.pop()  # a rollback or resync rewinds: commits above it are gone
                 history.append(position.seqno)
         self._versions_checked += 1
 

@@ -374,28 +374,28 @@ class CrashLoop:
             if kind == "failover":
                 # Keep the last items down to an older commit of the vbucket: the producer
                 # then asks for a rollback the mirror can answer from its own history.
-                choices = sorted(
-                    vb for vb in range(self.settings.vbuckets)
-                    if len(audit.committed_history(vb)) >= 2
-                    and audit.committed_history(vb)[-2] >= 1
-                )
+                histories = {vb: audit.committed_history(vb) for vb in range(bucket.num_vbuckets)}
+                choices = [
+                    vb for vb, seqnos in histories.items() if len(seqnos) >= 2 and seqnos[-2] >= 1
+                ]
             else:
                 # Purging needs a tombstone above the committed seqno to force a resync.
-                choices = sorted(
-                    vb for vb, seqno in audit.committed_seqnos().items()
-                    if seqno > 0 and _lasting_documents(bucket, vb)
-                )
+                lasting = {
+                    vb: _lasting_documents(bucket, vb)
+                    for vb, seqno in audit.committed_seqnos().items() if seqno > 0
+                }
+                choices = sorted(vb for vb, documents in lasting.items() if documents)
             if not choices:
                 continue  # nothing committed yet that this fault could take away: next time
             vbucket = self._rng.choice(choices)
             workload.stop()
             if kind == "failover":
-                *_, older, newest = audit.committed_history(vbucket)
+                *_, older, newest = histories[vbucket]
                 keep = self._rng.randint(older, newest - 1)
                 cluster.failover(vbucket, lose_last=bucket.high_seqnos()[vbucket] - keep)
                 self._failovers += 1
             else:
-                victim = self._rng.choice(_lasting_documents(bucket, vbucket))
+                victim = self._rng.choice(lasting[vbucket])
                 bucket.delete(victim.key, collection=victim.collection)
                 cluster.purge_tombstones(vbucket)
                 self._purges += 1
