@@ -20,7 +20,7 @@ from replicator.sim.bucket import SimBucket
 from replicator.sim.cluster import SimCluster
 from replicator.sim.workload import initial_load
 from replicator.standalone import MasterState, StandaloneCluster, executor_task_counts
-from tests.cli import PASSWORD, REPO, clean_env
+from tests.cli import FAST_START_JAVA_OPTIONS, PASSWORD, REPO, clean_env
 from tests.mirror_check import assert_mirror_equals_bucket
 
 VBUCKETS = 8
@@ -58,6 +58,10 @@ def test_spark_submit_on_a_standalone_cluster_mirrors_the_bucket_from_executors(
             "--until-caught-up", "--commit-interval-s", "0.5", "--progress", "off",
         ],
         jars=locate_delta_jars().paths,
+        conf={
+            "spark.driver.extraJavaOptions": FAST_START_JAVA_OPTIONS,
+            "spark.executor.extraJavaOptions": FAST_START_JAVA_OPTIONS,
+        },
         env=clean_env(),
         name="replicate",
     )

@@ -28,7 +28,15 @@ from replicator.sim.cluster import SimCluster
 from replicator.sim.workload import initial_load
 from replicator.soak.process import replicator_command
 from replicator.soak.table_log import table_versions
-from tests.cli import PASSWORD, REPO, CliRun, clean_env, run_cli, wait_until
+from tests.cli import (
+    FAST_START_JAVA_OPTIONS,
+    PASSWORD,
+    REPO,
+    CliRun,
+    clean_env,
+    run_cli,
+    wait_until,
+)
 from tests.mirror_check import assert_mirror_equals_bucket, expected_frame, mirror_frame
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(1500)]
@@ -245,6 +253,7 @@ def spark_submit_job(cluster: SimCluster, target: Path) -> CliRun:
     completed = subprocess.run(
         [
             str(spark_submit), "--master", "local[2]", "--jars", jars,
+            "--driver-java-options", FAST_START_JAVA_OPTIONS,
             str(REPO / "jobs" / "replicate.py"),
             "--source", cluster.connection_string, "--target", str(target), "--until-caught-up",
             "--commit-interval-s", "0.5", "--progress", "off",
