@@ -334,7 +334,10 @@ def run_replication(
     def committed_position(vb: int) -> tuple[VbucketPosition, FailoverLog | None]:
         return holder["replication"].committed_position(vb)
 
-    with ExitStack() as cleanup:
+    # Installed before start-up: a SIGTERM while the session starts or the vbuckets are being
+    # claimed stops the run as soon as it is up (nothing committed, its claim released), where
+    # Python's default action would end it mid-claim.
+    with stop_on_signals(stop), ExitStack() as cleanup:
         client = connect_source(config, committed_position=committed_position)
         cleanup.callback(client.close)
         vbuckets = config.vbuckets.resolve(client.cluster_map.num_vbuckets)
@@ -380,8 +383,7 @@ def run_replication(
             on_started(replication)
         log.info("replicating %d vbuckets of %s into %s", len(vbuckets), client.bucket,
                  config.target)
-        with stop_on_signals(stop):
-            summary = replication.run(stop)
+        summary = replication.run(stop)
     return summary
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import signal
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -73,3 +75,29 @@ def test_a_restart_with_nothing_new_commits_nothing_but_saves_a_changed_failover
     assert_mirror_equals_bucket(spark, str(target), cluster.bucket)
     stored = FailoverLogsTable(spark, layout.failover_logs).load([0])
     assert stored[0] == cluster.bucket.failover_log(0)
+
+
+def test_a_sigterm_during_start_up_stops_the_run_once_it_is_up_committing_nothing(
+    spark: Any, cluster: SimCluster, tmp_path: Path
+) -> None:
+    # The signal handler only exists in the main thread, where an operator's process runs.
+    assert threading.current_thread() is threading.main_thread()
+    target = tmp_path / "mirror"
+    escaped: list[int] = []
+    # Catches a SIGTERM the run did not handle, as Python's default action would end the run.
+    previous = signal.signal(signal.SIGTERM, lambda signum, _frame: escaped.append(signum))
+    try:
+        summary = run_replication(
+            config_for(cluster, target), spark=spark,
+            # The last step of start-up, before any change is streamed.
+            on_started=lambda _replication: signal.raise_signal(signal.SIGTERM),
+        )
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+    assert escaped == [], "SIGTERM during start-up reached the default handler"
+    assert not summary.caught_up and summary.commits == 0 and summary.items_committed == 0
+    assert newest_version(Path(MirrorLayout(str(target)).data)) == 0  # created, nothing committed
+    # It released its claim: a restart owns the vbuckets at once and catches up.
+    assert run_replication(config_for(cluster, target), spark=spark).caught_up
+    assert_mirror_equals_bucket(spark, str(target), cluster.bucket)
