@@ -196,7 +196,6 @@ class CrashLoop:
                 pending_fault = False
                 if not settings.jvm.archive_ready and settings.jvm.class_archive is not None:
                     self._warm_up(cluster)
-                    audit.check_new_versions()
                 for cycle in range(settings.kills):
                     phase = self._kill_one_run(cluster, audit, after_fault=pending_fault)
                     audit.check_new_versions()
@@ -236,14 +235,15 @@ class CrashLoop:
 
     # -- runs -------------------------------------------------------------------------------
 
-    def _start(self, cluster: SimCluster, *extra: str, submit_args: str | None = None
-               ) -> ReplicatorProcess:
+    def _start(self, cluster: SimCluster, *extra: str, submit_args: str | None = None,
+               target: Path | None = None) -> ReplicatorProcess:
         settings = self.settings
         env = replicator_environment(
             DEFAULT_PASSWORD, PYSPARK_SUBMIT_ARGS=submit_args or settings.jvm.submit_args()
         )
         args = [
-            "run", "--source", cluster.connection_string, "--target", str(self._target),
+            "run", "--source", cluster.connection_string,
+            "--target", str(target or self._target),
             "--commit-interval-s", str(settings.commit_interval_s),
             "--commit-max-rows", str(settings.commit_max_rows), "--progress", "off", *extra,
         ]
@@ -251,16 +251,21 @@ class CrashLoop:
         return ReplicatorProcess(args, env, self._logs / f"run-{self._runs:04d}.log")
 
     def _warm_up(self, cluster: SimCluster) -> None:
-        """First run when no class archive exists: stopped cleanly after a commit, it writes
-        the archive every later run starts from."""
+        """When no class archive exists: a run into a scratch mirror, stopped cleanly after a
+        commit, writes the archive every later run starts from. The loop's own mirror stays
+        empty, so its first kill still lands in the initial load."""
         archive = self.settings.jvm.class_archive
         assert archive is not None
         archive.parent.mkdir(parents=True, exist_ok=True)
         partial = archive.with_name(f"{archive.name}.{os.getpid()}.tmp")
+        scratch = self.settings.work_dir / "warm-up"
         process = self._start(
-            cluster, submit_args=self.settings.jvm.submit_args(write_archive_to=partial)
+            cluster, submit_args=self.settings.jvm.submit_args(write_archive_to=partial),
+            target=scratch,
         )
-        self._wait_for(process, lambda: self._has_new_version(-1), "a first commit")
+        self._wait_for(
+            process, lambda: (newest_version(scratch) or 0) > 0, "a first commit"
+        )
         code = process.stop(self.settings.run_timeout_s)
         if code != 0:
             raise CrashLoopFailure(self._failure(process, f"warm-up run exited with {code}"))
@@ -269,8 +274,8 @@ class CrashLoop:
             partial.replace(archive)
 
     def _kill_one_run(self, cluster: SimCluster, audit: MirrorAudit, *, after_fault: bool) -> str:
-        before = newest_version(self._target)
-        before_version = -1 if before is None else before
+        # Version 0 creates the table during start-up: only a later version is a commit.
+        before_version = max(0, newest_version(self._target) or 0)
         initial = len(audit.committed_seqnos()) < self.settings.vbuckets
         process = self._start(cluster)
         try:

@@ -136,9 +136,16 @@ class ReplicatorProcess:
         return cpu_seconds
 
     def stop(self, timeout: float) -> int:
-        """SIGTERM the replicator (it finishes its commit and exits); its exit code."""
+        """SIGTERM the replicator (it finishes its commit and exits); its exit code, once its
+        JVM (same process group), which may still be writing a class archive, ended too."""
         self._process.send_signal(signal.SIGTERM)
         code = self.wait(timeout)
+        deadline = time.monotonic() + timeout
+        while code is not None and _group_alive(self.pid):
+            if time.monotonic() > deadline:
+                code = None
+                break
+            time.sleep(0.05)  # nothing to wait on but /proc
         if code is None:
             self.kill()
             raise RuntimeError(f"replicator {self.pid} did not stop within {timeout}s of SIGTERM")
@@ -146,8 +153,9 @@ class ReplicatorProcess:
         return code
 
     def output(self) -> str:
-        """What the process has printed so far."""
-        self._log.flush()
+        """What the process has printed so far (all of it, once the process was stopped)."""
+        if not self._log.closed:
+            self._log.flush()
         return self.log_path.read_text(encoding="utf-8", errors="replace")
 
 
