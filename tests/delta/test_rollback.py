@@ -181,13 +181,15 @@ def test_rollback_past_vacuumed_files_signals_a_full_resync(spark: Any, tmp_path
         # VACUUM lists files with this many tasks (10000 by default): minutes on two cores.
         "spark.sql.sources.parallelPartitionDiscovery.parallelism": "2",
     }
+    # Restored, not unset: unset means Spark's default (10000 listing tasks), not the session's.
+    previous = {key: spark.conf.get(key) for key in vacuum_confs}
     for key, value in vacuum_confs.items():
         spark.conf.set(key, value)
     try:
         spark.sql(f"VACUUM delta.`{mirror.layout.data}` RETAIN 0 HOURS")
     finally:
-        for key in vacuum_confs:
-            spark.conf.unset(key)
+        for key, value in previous.items():
+            spark.conf.set(key, value)
     version_before = mirror.version()
 
     checkpoints = CheckpointsTable.of(mirror).for_vbucket(1)
