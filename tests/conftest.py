@@ -26,7 +26,3 @@ def vectors_dir() -> Path:
         pytest.skip(f"no vectors at {VECTORS}: shared/ must sit beside the repository")
     return VECTORS
 
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The crash loop's module first: the longest module, started last, would end the run."""
-    items.sort(key=lambda item: item.path.name != "test_crash_loop.py")
