@@ -25,4 +25,3 @@ def vectors_dir() -> Path:
     if not VECTORS.is_dir():
         pytest.skip(f"no vectors at {VECTORS}: shared/ must sit beside the repository")
     return VECTORS
-

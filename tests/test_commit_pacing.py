@@ -18,23 +18,16 @@ from replicator.sim.cluster import DEFAULT_PASSWORD, SimCluster
 from replicator.snapshots.planner import CommitBatch, CommitThresholds
 from replicator.snapshots.rows import ChangeRowConverter, CollectionRegistry
 from replicator.snapshots.staging import Stager, StreamStager
+from tests.clocks import ManualClock
 
 DELAY_S = 2.0
 SLOW_COMMIT_S = 20.0
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 class RecordingStore:
     """Accepts every batch; the first commit takes SLOW_COMMIT_S of the clock."""
 
-    def __init__(self, clock: Clock) -> None:
+    def __init__(self, clock: ManualClock) -> None:
         self._clock = clock
         self.batches: list[CommitBatch] = []
 
@@ -74,7 +67,7 @@ def test_after_a_slow_commit_the_next_batch_waits_as_long_as_it_took(tmp_path: P
     bucket = SimBucket("paced", num_vbuckets=1, seed=1)
     for index in range(5):
         bucket.upsert(f"first-{index}", {"n": index})
-    clock = Clock()
+    clock = ManualClock(1000.0)
     store = RecordingStore(clock)
     with SimCluster(bucket, nodes=1) as cluster:
         source = connect_source(

@@ -25,7 +25,7 @@ from jupyter_client.manager import KernelManager
 from nbclient import NotebookClient
 
 from replicator.demo import DemoConsole, build_sample_mirror
-from tests.cli import clean_env
+from tests.cli import FAST_START_SUBMIT_ARGS
 
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOKS = REPO / "notebooks"
@@ -129,7 +129,7 @@ def kernel_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[pytest.MonkeyPatch]:
                  "SAMPLE_MIRROR_DIR"):
         monkeypatch.delenv(name, raising=False)
     # Its driver lives for a few queries: the tests' fast-start JIT and GC flags halve its CPU.
-    monkeypatch.setenv("PYSPARK_SUBMIT_ARGS", clean_env(password=None)["PYSPARK_SUBMIT_ARGS"])
+    monkeypatch.setenv("PYSPARK_SUBMIT_ARGS", FAST_START_SUBMIT_ARGS)
     yield monkeypatch
 
 

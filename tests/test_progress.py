@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 
 from replicator.progress import ProgressReporter, ProgressSnapshot
+from tests.clocks import ManualClock
 
 
 def snapshot(done: int, target: int = 1000) -> ProgressSnapshot:
@@ -14,16 +15,8 @@ def snapshot(done: int, target: int = 1000) -> ProgressSnapshot:
     )
 
 
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_lines_mode_throttles_and_reports_rate_and_lag() -> None:
-    out, clock = io.StringIO(), FakeClock()
+    out, clock = io.StringIO(), ManualClock()
     reporter = ProgressReporter("lines", stream=out, interval_s=10, clock=clock)
     clock.now = 10
     reporter.update(snapshot(500))
@@ -38,7 +31,7 @@ def test_lines_mode_throttles_and_reports_rate_and_lag() -> None:
 
 
 def test_bar_shows_fraction_and_eta() -> None:
-    out, clock = io.StringIO(), FakeClock()
+    out, clock = io.StringIO(), ManualClock()
     reporter = ProgressReporter("bar", stream=out, clock=clock)
     clock.now = 10
     reporter.update(snapshot(250))

@@ -263,9 +263,7 @@ class CrashLoop:
             cluster, submit_args=self.settings.jvm.submit_args(write_archive_to=partial),
             target=scratch,
         )
-        self._wait_for(
-            process, lambda: (newest_version(scratch) or 0) > 0, "a first commit"
-        )
+        self._wait_for(process, lambda: self._has_new_version(0, scratch), "a first commit")
         code = process.stop(self.settings.run_timeout_s)
         if code != 0:
             raise CrashLoopFailure(self._failure(process, f"warm-up run exited with {code}"))
@@ -275,7 +273,7 @@ class CrashLoop:
 
     def _kill_one_run(self, cluster: SimCluster, audit: MirrorAudit, *, after_fault: bool) -> str:
         # Version 0 creates the table during start-up: only a later version is a commit.
-        before_version = max(0, newest_version(self._target) or 0)
+        before_version = newest_version(self._target) or 0
         initial = len(audit.committed_seqnos()) < self.settings.vbuckets
         process = self._start(cluster)
         try:
@@ -337,8 +335,8 @@ class CrashLoop:
         if code != 0:
             raise CrashLoopFailure(self._failure(process, f"the final run exited with {code}"))
 
-    def _has_new_version(self, version: int) -> bool:
-        newest = newest_version(self._target)
+    def _has_new_version(self, version: int, target: Path | None = None) -> bool:
+        newest = newest_version(target or self._target)
         return newest is not None and newest > version
 
     def _wait_for(

@@ -44,17 +44,21 @@ class JvmTuning:
     def archive_ready(self) -> bool:
         return self.class_archive is not None and self.class_archive.is_file()
 
-    def submit_args(self, *, write_archive_to: Path | None = None) -> str:
-        """PYSPARK_SUBMIT_ARGS for a run (replicator.spark keeps a value set in the environment).
+    def java_options(self, *, write_archive_to: Path | None = None) -> str:
+        """The JVM flags (for --driver-java-options or spark.*.extraJavaOptions).
 
-        `write_archive_to` makes the run dump its loaded classes there when it exits cleanly.
+        `write_archive_to` makes the JVM dump its loaded classes there when it exits cleanly.
         """
         flags = list(FAST_START_FLAGS)
         if write_archive_to is not None:
             flags.append(f"-XX:ArchiveClassesAtExit={write_archive_to}")
         elif self.archive_ready:
             flags.append(f"-XX:SharedArchiveFile={self.class_archive}")
-        options = shlex.quote(" ".join(flags))
+        return " ".join(flags)
+
+    def submit_args(self, *, write_archive_to: Path | None = None) -> str:
+        """PYSPARK_SUBMIT_ARGS for a run (replicator.spark keeps a value set in the environment)."""
+        options = shlex.quote(self.java_options(write_archive_to=write_archive_to))
         return f"--driver-memory {self.driver_memory} --driver-java-options {options} pyspark-shell"
 
 
@@ -123,15 +127,8 @@ class ReplicatorProcess:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.pid, signal.SIGKILL)
         self._process.wait(timeout)
-        deadline = time.monotonic() + timeout
-        while _group_alive(self.pid):
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"process group {self.pid} survived SIGKILL for {timeout}s")
-            try:
-                os.killpg(self.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                break
-            time.sleep(0.05)  # the kernel tears the JVM down; nothing to wait on but /proc
+        if not self._group_ended_within(timeout, resend=signal.SIGKILL):
+            raise RuntimeError(f"process group {self.pid} survived SIGKILL for {timeout}s")
         self._log.close()
         return cpu_seconds
 
@@ -140,17 +137,28 @@ class ReplicatorProcess:
         JVM (same process group), which may still be writing a class archive, ended too."""
         self._process.send_signal(signal.SIGTERM)
         code = self.wait(timeout)
-        deadline = time.monotonic() + timeout
-        while code is not None and _group_alive(self.pid):
-            if time.monotonic() > deadline:
-                code = None
-                break
-            time.sleep(0.05)  # nothing to wait on but /proc
+        if code is not None and not self._group_ended_within(timeout):
+            code = None
         if code is None:
             self.kill()
             raise RuntimeError(f"replicator {self.pid} did not stop within {timeout}s of SIGTERM")
         self._log.close()
         return code
+
+    def _group_ended_within(self, timeout: float, resend: signal.Signals | None = None) -> bool:
+        """Wait until no process of the group runs (its JVM may outlive the Python process),
+        sending `resend` to the group again on each look; False if it still runs at `timeout`."""
+        deadline = time.monotonic() + timeout
+        while _group_alive(self.pid):
+            if time.monotonic() > deadline:
+                return False
+            if resend is not None:
+                try:
+                    os.killpg(self.pid, resend)
+                except ProcessLookupError:
+                    return True
+            time.sleep(0.05)  # nothing to wait on but /proc
+        return True
 
     def output(self) -> str:
         """What the process has printed so far (all of it, once the process was stopped)."""

@@ -12,28 +12,28 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from replicator.soak.process import (
-    FAST_START_FLAGS,
-    JvmTuning,
-    replicator_command,
-    replicator_environment,
-)
+from replicator.soak.process import JvmTuning, replicator_command, replicator_environment
 
 REPO = Path(__file__).resolve().parents[2]
 PASSWORD = "Tr1cky-Pa55-7741"
 """The simulated cluster's password: no output may ever contain it."""
 
-FAST_START_JAVA_OPTIONS = " ".join(FAST_START_FLAGS)
-"""JIT and GC flags for the short-lived JVMs tests start, as the crash loop's runs use: a cold
-`replicator run` costs about 25 CPU seconds instead of 48 (C1 instead of C2), and behaves the
-same. Operators' runs keep the JVM's defaults."""
+FAST_START = JvmTuning(driver_memory="2g")
+"""JIT and GC flags for the short-lived JVMs tests start, as the crash loop's runs use (no class
+archive): a cold `replicator run` costs about 25 CPU seconds instead of 48 (C1 instead of C2), and
+behaves the same. Operators' runs keep the JVM's defaults."""
+FAST_START_JAVA_OPTIONS = FAST_START.java_options()
+"""For spark-submit's --driver-java-options and spark.*.extraJavaOptions."""
+FAST_START_SUBMIT_ARGS = FAST_START.submit_args()
+"""PYSPARK_SUBMIT_ARGS for a Python process that starts its own Spark driver."""
 
 
 def clean_env(password: str | None = PASSWORD, **extra: str) -> dict[str, str]:
     """This environment without REPLICATOR_* settings, plus the password, the fast-start JVM
     flags for a `replicator` child's Spark driver, and `extra`."""
-    fast_start = JvmTuning(driver_memory="2g").submit_args()
-    return replicator_environment(password, **{"PYSPARK_SUBMIT_ARGS": fast_start, **extra})
+    return replicator_environment(
+        password, **{"PYSPARK_SUBMIT_ARGS": FAST_START_SUBMIT_ARGS, **extra}
+    )
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ from replicator.snapshots.staging import (
     read_spill_file,
     write_spill_file,
 )
+from tests.clocks import ManualClock
 
 CONVERTER = ChangeRowConverter(now=lambda: 0.0)
 
@@ -46,14 +47,6 @@ def rows(vbucket: int, seqnos: range, value_size: int = 200) -> pa.RecordBatch:
 
 def snapshot(vbucket: int, start: int, end: int, **extra: object) -> CompleteSnapshot:
     return CompleteSnapshot(vbucket, start, end, SnapshotFlags.MEMORY, **extra)  # type: ignore[arg-type]
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class FailingWriter:
@@ -189,7 +182,7 @@ def test_the_largest_vbucket_is_spilled_first(tmp_path: Path) -> None:
 
 
 def test_consecutive_snapshots_form_one_run(tmp_path: Path) -> None:
-    clock = Clock()
+    clock = ManualClock(100.0)
     stager = Stager(tmp_path, clock=clock)
     stager.stage_rows(4, rows(4, range(1, 3)))
     stager.complete_snapshot(snapshot(4, 1, 2, purge_seqno=1))
