@@ -19,11 +19,12 @@ PASSWORD = "Tr1cky-Pa55-7741"
 """The simulated cluster's password: no output may ever contain it."""
 
 FAST_START = JvmTuning(driver_memory="2g")
-"""JIT and GC flags for the short-lived JVMs tests start, as the crash loop's runs use (no class
-archive): a cold `replicator run` costs about 25 CPU seconds instead of 48 (C1 instead of C2), and
-behaves the same. Operators' runs keep the JVM's defaults."""
+"""JIT, GC and query-planning settings for the short-lived Spark drivers tests start, as the crash
+loop's runs use (no class archive): a cold `replicator run` costs about 21 CPU seconds instead of
+48, and behaves the same. Operators' runs keep the JVM's and Spark's defaults; the spark-submit
+tests (local and standalone) keep Spark's query planning defaults, so that path is tested too."""
 FAST_START_JAVA_OPTIONS = FAST_START.java_options()
-"""For spark-submit's --driver-java-options and spark.*.extraJavaOptions."""
+"""For spark-submit's --driver-java-options and spark.*.extraJavaOptions (JVM flags only)."""
 FAST_START_SUBMIT_ARGS = FAST_START.submit_args()
 """PYSPARK_SUBMIT_ARGS for a Python process that starts its own Spark driver."""
 
