@@ -20,9 +20,10 @@ $(STAMP): pyproject.toml
 jars: $(STAMP)
 	$(PY) -m replicator.jars fetch >/dev/null
 
-# Two workers, each file kept on one (its module fixtures and Spark session are built once).
+# Two workers, each file kept on one (its module fixtures and Spark session are built once),
+# handed out in conftest's order, longest first (tests/conftest.py says why).
 test: setup
-	$(PY) -m pytest -q -n 2 --dist loadfile -m "not soak" --durations=25 $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder -m "not soak" --durations=25 $(PYTEST_ARGS)
 
 test-quick: setup
 	$(PY) -m pytest -q -m "not spark and not slow and not soak" $(PYTEST_ARGS)
