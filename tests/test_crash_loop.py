@@ -22,8 +22,6 @@ from replicator.sim.workload import initial_load
 from replicator.soak import CrashLoopSettings, MirrorAudit, MirrorViolation, run_crash_loop
 from replicator.soak.loop import INITIAL_LOAD, STARTUP, STEADY, fault_schedule
 
-KILLS = 20
-
 
 @pytest.mark.parametrize("kills", [1, 2, 3, 8, 20, 200])
 def test_every_scheduled_fault_comes_after_a_kill_the_loop_reaches(kills: int) -> None:
@@ -42,20 +40,26 @@ def test_every_scheduled_fault_comes_after_a_kill_the_loop_reaches(kills: int) -
             assert all(kills // 4 <= cycle < kills - 2 for cycle in cycles), schedule
 
 
-# In `make test` (5-8 minutes of one worker; conftest starts it first). Half the kills land
-# during start-up, which cost half a run each; every phase is still hit (asserted below).
+# `make test` runs 8 kills; `make soak` runs 20 (and jobs/soak.py 200). Inside `make test` the 20
+# kills passed on a fresh clone but took 10 minutes of one worker under the suite's load, and the
+# run 19 min 44 s in all: too close to CI's 20. Half the kills land during start-up, which cost
+# half a run each; every phase is still hit (asserted below).
 @pytest.mark.spark
 @pytest.mark.timeout(1800)
-def test_twenty_sigkills_lose_nothing_and_apply_nothing_twice(
-    spark: Any, tmp_path: Path
+@pytest.mark.parametrize(
+    "kills",
+    [pytest.param(8, id="8-kills"), pytest.param(20, marks=pytest.mark.soak, id="20-kills")],
+)
+def test_sigkills_lose_nothing_and_apply_nothing_twice(
+    spark: Any, tmp_path: Path, kills: int
 ) -> None:
     report = run_crash_loop(
-        CrashLoopSettings(work_dir=tmp_path, kills=KILLS, seed=9, startup_kill_share=0.5), spark
+        CrashLoopSettings(work_dir=tmp_path, kills=kills, seed=9, startup_kill_share=0.5), spark
     )
     print("\n" + report.render())
 
-    assert report.kills == KILLS
-    assert report.restarts >= KILLS
+    assert report.kills == kills
+    assert report.restarts >= kills
     assert report.failovers == 1 and report.purges == 1
     assert report.rollbacks_seen >= 1, "the failover must have rolled a vbucket back"
     assert report.resyncs_seen >= 1, "the purge must have forced a full resync"
