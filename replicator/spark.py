@@ -43,6 +43,16 @@ LOCAL_DEFAULTS = {
 }
 
 
+SMALL_DATA_CONF = {
+    "spark.sql.codegen.wholeStage": "false",
+    "spark.sql.adaptive.enabled": "false",
+}
+"""For drivers that only ever see a few thousand rows (the tests' and the crash loop's): compiling
+each query's generated code and re-planning it cost more than they save there. A restart
+committing one change took 21.7 CPU s instead of 25.7 (mean of 4). Results are the same; nothing
+applies these by default."""
+
+
 def _is_local(master: str) -> bool:
     return master.startswith("local")
 

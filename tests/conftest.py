@@ -7,22 +7,22 @@ from pathlib import Path
 
 import pytest
 
-from replicator.soak.process import SMALL_DATA_SPARK_CONF
+from replicator.spark import SMALL_DATA_CONF
 from tests.golden_vectors import VECTORS
 
 LONGEST_FIRST = (
-    "test_crash_loop.py",
-    "test_faults_e2e.py",
-    "test_audit.py",
-    "test_rollback_scenarios.py",
-    "cli/test_end_to_end.py",
-    "test_notebooks.py",
-    "bench/test_bench_smoke.py",
-    "test_exactly_once.py",
-    "test_rollback_e2e.py",
-    "delta/test_recovery.py",
-    "test_standalone_cluster.py",
-    "test_replication.py",
+    "tests/test_crash_loop.py",
+    "tests/test_faults_e2e.py",
+    "tests/test_audit.py",
+    "tests/test_rollback_scenarios.py",
+    "tests/cli/test_end_to_end.py",
+    "tests/test_notebooks.py",
+    "tests/bench/test_bench_smoke.py",
+    "tests/test_exactly_once.py",
+    "tests/test_rollback_e2e.py",
+    "tests/delta/test_recovery.py",
+    "tests/test_standalone_cluster.py",
+    "tests/test_replication.py",
 )
 """Modules taking a minute or more of a worker, longest first (measured): `make test` hands
 modules out in collection order, so the long ones start early and the short ones even out the
@@ -36,7 +36,7 @@ def spark() -> Iterator[object]:
     # Planned as the tests' short-lived drivers are (small data: no generated code, no adaptive
     # re-planning), which took 7% off a run of the fault and rollback modules; the spark-submit
     # tests keep Spark's defaults.
-    session = build_session("replicator-tests", conf=dict(SMALL_DATA_SPARK_CONF))
+    session = build_session("replicator-tests", conf=SMALL_DATA_CONF)
     yield session
     session.stop()
 
@@ -51,6 +51,5 @@ def vectors_dir() -> Path:
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """LONGEST_FIRST's modules first, in its order; the others keep theirs."""
-    rank = {name: index for index, name in enumerate(LONGEST_FIRST)}
-    tests = Path(__file__).parent
-    items.sort(key=lambda item: rank.get(item.path.relative_to(tests).as_posix(), len(rank)))
+    rank = {module: index for index, module in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))

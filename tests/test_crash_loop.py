@@ -9,6 +9,7 @@ producer. Any lost, repeated or half-applied change raises MirrorViolation.
 from __future__ import annotations
 
 import random
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,8 @@ from replicator.sim.cluster import DEFAULT_PASSWORD, SimCluster
 from replicator.sim.workload import initial_load
 from replicator.soak import CrashLoopSettings, MirrorAudit, MirrorViolation, run_crash_loop
 from replicator.soak.loop import INITIAL_LOAD, STARTUP, STEADY, fault_schedule
-from replicator.soak.process import JvmTuning, default_class_archive
+from replicator.soak.process import FAST_START_FLAGS, JvmTuning, default_class_archive
+from replicator.spark import SMALL_DATA_CONF
 
 
 @pytest.mark.parametrize("kills", [1, 2, 3, 8, 20, 200])
@@ -39,6 +41,25 @@ def test_every_scheduled_fault_comes_after_a_kill_the_loop_reaches(kills: int) -
         )
         if kills >= 20:  # room to keep the faults off the first quarter and the last two kills
             assert all(kills // 4 <= cycle < kills - 2 for cycle in cycles), schedule
+
+
+def test_a_run_starts_with_the_fast_flags_its_class_archive_and_small_data_planning(
+    tmp_path: Path,
+) -> None:
+    archive = tmp_path / "spark.jsa"
+    archive.touch()
+    args = shlex.split(JvmTuning(archive).submit_args())
+
+    assert args[-1] == "pyspark-shell"
+    options = args[args.index("--driver-java-options") + 1].split()
+    assert options == [*FAST_START_FLAGS, f"-XX:SharedArchiveFile={archive}"]
+    conf = [args[index + 1] for index, arg in enumerate(args) if arg == "--conf"]
+    assert conf == [f"{key}={value}" for key, value in SMALL_DATA_CONF.items()]
+    # A run writing the archive must not also read one.
+    new = tmp_path / "new.jsa"
+    writing = JvmTuning(archive).java_options(write_archive_to=new)
+    assert writing.split() == [*FAST_START_FLAGS, f"-XX:ArchiveClassesAtExit={new}"]
+    assert JvmTuning(None).java_options().split() == list(FAST_START_FLAGS)
 
 
 # `make test` runs 8 kills; `make soak` runs 20 (and jobs/soak.py 200). Inside `make test` the 20

@@ -23,16 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from replicator.spark import SMALL_DATA_CONF
+
 FAST_START_FLAGS = ("-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC")
 """Cheaper JIT and GC for runs that live seconds to minutes; they change no behaviour."""
-
-SMALL_DATA_SPARK_CONF = (
-    ("spark.sql.codegen.wholeStage", "false"),
-    ("spark.sql.adaptive.enabled", "false"),
-)
-"""Spark settings for runs over a few thousand rows: compiling each query's generated code and
-re-planning it cost more than they save there. A restart committing one change took 21.7 CPU s
-instead of 25.7 (mean of 4, quiet machine). Results are the same."""
 
 
 def default_class_archive() -> Path:
@@ -68,7 +62,7 @@ class JvmTuning:
     def submit_args(self, *, write_archive_to: Path | None = None) -> str:
         """PYSPARK_SUBMIT_ARGS for a run (replicator.spark keeps a value set in the environment)."""
         options = shlex.quote(self.java_options(write_archive_to=write_archive_to))
-        conf = " ".join(f"--conf {key}={value}" for key, value in SMALL_DATA_SPARK_CONF)
+        conf = " ".join(f"--conf {key}={value}" for key, value in SMALL_DATA_CONF.items())
         return (
             f"--driver-memory {self.driver_memory} --driver-java-options {options} {conf} "
             "pyspark-shell"

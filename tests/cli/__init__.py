@@ -30,8 +30,8 @@ FAST_START_SUBMIT_ARGS = FAST_START.submit_args()
 
 
 def clean_env(password: str | None = PASSWORD, **extra: str) -> dict[str, str]:
-    """This environment without REPLICATOR_* settings, plus the password, the fast-start JVM
-    flags for a `replicator` child's Spark driver, and `extra`."""
+    """This environment without REPLICATOR_* settings, plus the password, FAST_START's settings
+    for a `replicator` child's Spark driver, and `extra`."""
     return replicator_environment(
         password, **{"PYSPARK_SUBMIT_ARGS": FAST_START_SUBMIT_ARGS, **extra}
     )
