@@ -425,6 +425,7 @@ class Replication:
             batch_id=self._next_batch_id,
             now=self._clock(),
             force=force,
+            targets_staged=self._targets_staged(),
         )
         if batch is None or batch.is_empty:
             return
@@ -449,6 +450,22 @@ class Replication:
             if state.caught_up and state.streaming:
                 self._source.close_stream(state.vbucket)
                 state.streaming = False
+
+    def _targets_staged(self) -> bool:
+        """A run with targets has every vbucket's target committed or staged: nothing more it
+        needs is coming, so its last commits need not wait out the commit interval."""
+        if self._targets is None:
+            return False
+        staged = self.staged_up_to()
+        return all(
+            state.caught_up
+            or (
+                state.history_confirmed
+                and state.target_seqno is not None
+                and staged.get(vb, state.committed.seqno) >= state.target_seqno
+            )
+            for vb, state in self._state.items()
+        )
 
     def _thresholds_now(self) -> CommitThresholds:
         return stretched_for_slow_commits(self._thresholds, self._last_commit_seconds)

@@ -13,12 +13,14 @@ import pytest
 from replicator.config import ReplicatorConfig, Secret
 from replicator.delta.failover_logs import FailoverLogsTable
 from replicator.delta.schema import MirrorLayout
-from replicator.runner import run_replication
+from replicator.runner import BackgroundRun, run_replication
 from replicator.sim.bucket import SimBucket
 from replicator.sim.cluster import SimCluster
 from replicator.sim.workload import initial_load
-from replicator.soak.table_log import newest_version
+from replicator.snapshots.planner import CommitTrigger
+from replicator.soak.table_log import commits_after, newest_version
 from tests.mirror_check import assert_mirror_equals_bucket
+from tests.replication_runs import WAIT_S
 
 pytestmark = pytest.mark.spark
 
@@ -51,6 +53,22 @@ def test_initial_load_until_caught_up_equals_source(
     assert summary.caught_up
     assert summary.items_committed >= 400
     assert_mirror_equals_bucket(spark, str(tmp_path / "mirror"), cluster.bucket)
+
+
+def test_a_run_until_caught_up_commits_once_its_targets_are_staged_not_after_the_interval(
+    spark: Any, cluster: SimCluster, tmp_path: Path
+) -> None:
+    target = tmp_path / "mirror"
+    # An hour's commit interval: only the staged targets can make the commits due.
+    with BackgroundRun(config_for(cluster, target, commit_interval_s=3600), spark=spark) as run:
+        assert run.wait(WAIT_S), "the run waited out the commit interval"
+        summary = run.result()
+
+    assert summary.caught_up and summary.commits >= 1
+    commits = commits_after(Path(MirrorLayout(str(target)).data), -1)
+    triggers = {c.metadata.details["trigger"] for c in commits if c.metadata is not None}
+    assert triggers == {CommitTrigger.TARGETS_STAGED.name.lower()}
+    assert_mirror_equals_bucket(spark, str(target), cluster.bucket)
 
 
 def test_a_restart_with_nothing_new_commits_nothing_but_saves_a_changed_failover_log(

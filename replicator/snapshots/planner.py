@@ -78,6 +78,7 @@ class CommitTrigger(enum.Enum):
     ROWS = "row threshold reached"
     BYTES = "byte threshold reached"
     DELAY = "oldest ready snapshot waited long enough"
+    TARGETS_STAGED = "everything up to the run's targets is staged"
     FORCED = "commit forced"
 
 
@@ -155,8 +156,12 @@ def plan_commit(
     batch_id: int,
     now: float,
     force: bool = False,
+    targets_staged: bool = False,
 ) -> CommitBatch | None:
     """Plan the next commit, or None when no threshold is reached yet (or nothing is ready).
+
+    `targets_staged` says a run that stops at targets has all it needs staged: waiting out
+    the delay would only hold the end of the run back, so the commit is due now.
 
     `ready` is `Stager.ready_snapshots()`; vbuckets with a run claimed by an earlier batch wait
     until it is released (and `committed` updated), so positions always chain. The uuid of each
@@ -172,7 +177,9 @@ def plan_commit(
     }
     if not candidates:
         return None
-    trigger = _trigger(candidates, thresholds, now=now, force=force)
+    trigger = _trigger(
+        candidates, thresholds, now=now, force=force, targets_staged=targets_staged
+    )
     if trigger is None:
         return None
 
@@ -255,6 +262,7 @@ def _trigger(
     *,
     now: float,
     force: bool,
+    targets_staged: bool,
 ) -> CommitTrigger | None:
     if force:
         return CommitTrigger.FORCED
@@ -265,6 +273,8 @@ def _trigger(
         return CommitTrigger.BYTES
     if now - min(run.ready_since for run in runs) >= thresholds.max_delay_seconds:
         return CommitTrigger.DELAY
+    if targets_staged:
+        return CommitTrigger.TARGETS_STAGED
     return None
 
 

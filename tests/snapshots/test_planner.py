@@ -86,6 +86,18 @@ def test_each_threshold_triggers_a_commit(
     assert set(batch.vbuckets) == set(ready)
 
 
+def test_a_run_with_its_targets_staged_commits_without_waiting_for_the_delay() -> None:
+    ready = {1: (run(1, 1, 5, rows=10, ready_since=10.0),)}
+    waiting = plan_commit(ready, {}, LOGS, THRESHOLDS, batch_id=1, now=10.0)
+    staged = plan_commit(ready, {}, LOGS, THRESHOLDS, batch_id=1, now=10.0, targets_staged=True)
+    assert waiting is None
+    assert staged is not None and staged.trigger is CommitTrigger.TARGETS_STAGED
+    # A threshold that is reached anyway still names the commit.
+    full = {1: (run(1, 1, 5, rows=100),)}
+    by_rows = plan_commit(full, {}, LOGS, THRESHOLDS, batch_id=1, now=0.0, targets_staged=True)
+    assert by_rows is not None and by_rows.trigger is CommitTrigger.ROWS
+
+
 def test_force_commits_whatever_is_ready() -> None:
     ready = {3: (run(3, 1, 2, ready_since=10.0),)}
     batch = plan_commit(ready, {}, LOGS, THRESHOLDS, batch_id=2, now=10.0, force=True)
