@@ -13,7 +13,7 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
@@ -36,7 +36,7 @@ from replicator.snapshots.planner import (
     plan_commit,
     stretched_for_slow_commits,
 )
-from replicator.snapshots.staging import StreamStager
+from replicator.snapshots.staging import StagedSnapshots, StreamStager
 
 if TYPE_CHECKING:
     from replicator.dcp.client import DcpClient
@@ -113,10 +113,14 @@ class VbucketProgress:
 
     @property
     def caught_up(self) -> bool:
+        return self.reaches_target(self.committed.seqno)
+
+    def reaches_target(self, seqno: int) -> bool:
+        """`seqno` is at or past the run's target on the history the producer confirmed."""
         return (
             self.history_confirmed
             and self.target_seqno is not None
-            and self.committed.seqno >= self.target_seqno
+            and seqno >= self.target_seqno
         )
 
 
@@ -297,11 +301,7 @@ class Replication:
 
     def staged_up_to(self) -> dict[int, int]:
         """Per vbucket, the end seqno of its newest complete snapshot staged but not committed."""
-        return {
-            vb: runs[-1].end_seqno
-            for vb, runs in self._staging.stager.ready_snapshots().items()
-            if runs
-        }
+        return _newest_ends(self._staging.stager.ready_snapshots())
 
     # --- events ------------------------------------------------------------------------
 
@@ -417,15 +417,16 @@ class Replication:
 
     def _commit_if_due(self, *, force: bool = False) -> None:
         stager = self._staging.stager
+        ready = stager.ready_snapshots()
         batch = plan_commit(
-            stager.ready_snapshots(),
+            ready,
             {vb: s.committed for vb, s in self._state.items()},
             {vb: s.failover_log for vb, s in self._state.items() if s.failover_log is not None},
             self._thresholds_now(),
             batch_id=self._next_batch_id,
             now=self._clock(),
             force=force,
-            targets_staged=self._targets_staged(),
+            targets_staged=self._targets_staged(ready),
         )
         if batch is None or batch.is_empty:
             return
@@ -451,19 +452,14 @@ class Replication:
                 self._source.close_stream(state.vbucket)
                 state.streaming = False
 
-    def _targets_staged(self) -> bool:
+    def _targets_staged(self, ready: Mapping[int, Sequence[StagedSnapshots]]) -> bool:
         """A run with targets has every vbucket's target committed or staged: nothing more it
         needs is coming, so its last commits need not wait out the commit interval."""
         if self._targets is None:
             return False
-        staged = self.staged_up_to()
+        staged = _newest_ends(ready)
         return all(
-            state.caught_up
-            or (
-                state.history_confirmed
-                and state.target_seqno is not None
-                and staged.get(vb, state.committed.seqno) >= state.target_seqno
-            )
+            state.reaches_target(max(state.committed.seqno, staged.get(vb, 0)))
             for vb, state in self._state.items()
         )
 
@@ -495,6 +491,11 @@ class Replication:
             self._progress.finish(snapshot)
         else:
             self._progress.update(snapshot)
+
+
+def _newest_ends(ready: Mapping[int, Sequence[StagedSnapshots]]) -> dict[int, int]:
+    """Per vbucket with ready snapshots, the end seqno of its newest one."""
+    return {vb: runs[-1].end_seqno for vb, runs in ready.items() if runs}
 
 
 @contextmanager
