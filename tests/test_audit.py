@@ -5,6 +5,7 @@ user deleted, then a failover of the order's vbucket that loses the second updat
 mirror rolls back. The answers are checked against the producer's own history
 (`SimBucket.state_at` at committed boundaries) and, for the branch the failover abandoned,
 against what the producer held before the failover. The pure parts are tested without Spark.
+At the end, delta-rs reads the same mirror and must see what Spark sees.
 """
 
 from __future__ import annotations
@@ -15,11 +16,14 @@ import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
 from chispa import assert_df_equality
+from deltalake import DeltaTable
 
 from replicator.audit import (
     ChangeOperation,
@@ -47,7 +51,7 @@ from replicator.audit import (
 )
 from replicator.audit_cli import add_audit_arguments, run_audit
 from replicator.cli import main as replicator_main
-from replicator.delta.schema import CommitMetadata
+from replicator.delta.schema import DATA_COLUMNS, CommitMetadata, MirrorLayout
 from replicator.errors import ConfigError, NotAMirrorError
 from replicator.sim.bucket import Delete, DocumentRecord, SimBucket, Upsert
 from replicator.sim.cluster import SimCluster
@@ -106,18 +110,14 @@ class AuditScenario:
                 for record in self.bucket.state_at(vb, seqno)]
 
 
-_SCENARIOS: dict[str, AuditScenario] = {}
-
-
 def audit_scenario(spark: Any, root: Path) -> AuditScenario:
-    """Build the scenario mirror once per test run (test_interop_deltars reads it too).
+    """Build the scenario mirror (once, through the module fixture `scenario`, which the delta-rs
+    tests at the end read too).
 
     One continuous run (a restart would claim and release the vbuckets again) commits each
     step before the next is written: the load, B, C, the rollback and D, five data commits
     when each step's vbuckets commit together. Small on purpose: the commits are the cost.
     """
-    if "mirror" in _SCENARIOS:
-        return _SCENARIOS["mirror"]
     target = root / "mirror"
     bucket = SimBucket("shop", num_vbuckets=VBUCKETS, seed=10)
     initial_load(bucket, docs=24, doc_size=160, seed=10, evict_checkpoints=False)
@@ -163,14 +163,12 @@ def audit_scenario(spark: Any, root: Path) -> AuditScenario:
         highs_d = committed("D")
         summary = live.finish(highs_d)
     assert (summary.rollbacks, summary.full_resyncs) == (1, 0)
-    scenario = AuditScenario(
+    return AuditScenario(
         target=str(target), bucket=bucket, order_key=order, deleted_key=doomed, late_keys=late,
         order_seqnos=(seqnos[0], seqnos[1], seqnos[2]), boundary_a=boundary_a,
         boundary_b=highs_b[ROLLED], boundary_c=boundary_c, boundary_d=highs_d[ROLLED],
         high_seqnos_b=highs_b, abandoned_state=abandoned,
     )
-    _SCENARIOS["mirror"] = scenario
-    return scenario
 
 
 @pytest.fixture(scope="module")
@@ -646,3 +644,141 @@ def test_rollback_records_and_activity_come_from_commit_metadata() -> None:
              a.source_changes) for a in activity] == [
         (1, 4, 1, 0, 30), (2, 3, 0, 5, 0), (3, 0, 0, 0, 6), (4, 0, 0, 0, None)
     ]
+
+
+# --- other engines: delta-rs (`deltalake`) reads the mirror exactly as Spark does -------------
+# The mirror is this module's scenario (built once, for both parts): MERGEs that left
+# deletion vectors, a rollback that rewrote a vbucket, and the replicator's own tables. The data
+# table has deletion vectors enabled, which delta-rs's pyarrow-dataset path
+# (`to_pyarrow_table`) refuses, so it is read with `DeltaTable.scan()` (delta-rs's own engine);
+# the metadata tables have no deletion vectors and are read with `to_pyarrow_table()`. delta-rs's
+# change data feed matches Spark's except on rollback commits (a strict xfail below records why).
+
+
+def engine_neutral(value: Any) -> Any:
+    """One cell as plain Python, the same whichever engine produced it."""
+    if isinstance(value, datetime):
+        # PySpark gives naive local time, delta-rs aware UTC.
+        return value.astimezone(UTC)
+    if isinstance(value, bytearray | memoryview):
+        return bytes(value)
+    if isinstance(value, dict):
+        return tuple(sorted((k, engine_neutral(v)) for k, v in value.items()))
+    if hasattr(value, "asDict"):
+        return engine_neutral(value.asDict())
+    if isinstance(value, list):
+        return tuple(engine_neutral(v) for v in value)
+    return value
+
+
+def spark_rows(frame: Any, columns: list[str]) -> list[tuple[Any, ...]]:
+    rows = (tuple(engine_neutral(row[c]) for c in columns) for row in frame.collect())
+    return sorted(rows, key=repr)
+
+
+def arrow_rows(table: pa.Table, columns: list[str]) -> list[tuple[Any, ...]]:
+    records = table.select(columns).to_pylist()
+    return sorted((tuple(engine_neutral(r[c]) for c in columns) for r in records), key=repr)
+
+
+def scanned(table: DeltaTable) -> pa.Table:
+    """All rows through delta-rs's own engine (applies deletion vectors)."""
+    return pa.RecordBatchReader.from_stream(table.scan()).read_all()
+
+
+@pytest.mark.spark
+def test_the_scenario_left_deletion_vectors_for_delta_rs_to_apply(
+    scenario: AuditScenario,
+) -> None:
+    vectors = pa.RecordBatchReader.from_stream(DeltaTable(scenario.target).deletion_vectors())
+
+    assert vectors.read_all().num_rows >= 1
+
+
+@pytest.mark.spark
+def test_data_table_now_and_at_an_old_version_reads_the_same_in_both_engines(
+    spark: Any, scenario: AuditScenario
+) -> None:
+    columns = list(DATA_COLUMNS)
+    before_rollback = rollbacks(spark, scenario.target)[0].table_version - 1
+
+    for version in (None, before_rollback):
+        reader = spark.read.format("delta")
+        if version is not None:
+            reader = reader.option("versionAsOf", version)
+        expected = spark_rows(reader.load(scenario.target), columns)
+
+        actual = arrow_rows(scanned(DeltaTable(scenario.target, version=version)), columns)
+
+        assert actual == expected, f"version {version}"
+        if version is None:
+            assert len(actual) == len(scenario.bucket.documents())
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("table", ["checkpoints", "failover_logs", "owners"])
+def test_metadata_tables_read_the_same_in_both_engines(
+    spark: Any, scenario: AuditScenario, table: str
+) -> None:
+    path = getattr(MirrorLayout(scenario.target), table)
+    frame = spark.read.format("delta").load(path)
+    columns = frame.columns
+
+    actual = arrow_rows(DeltaTable(path).to_pyarrow_table(), columns)
+
+    assert actual == spark_rows(frame, columns)
+    if table != "owners":  # the replication released its claim when it stopped
+        assert actual, f"the scenario wrote no {table} rows"
+    if table == "checkpoints":
+        uuids = {row[columns.index("vbucket_uuid")] for row in actual}
+        assert all(isinstance(uuid, Decimal) for uuid in uuids)
+
+
+CDF_COLUMNS = [*DATA_COLUMNS, "_change_type", "_commit_version"]
+
+
+def change_feeds(
+    spark: Any, scenario: AuditScenario, *, rollback_commits: bool
+) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+    """(Spark's, delta-rs's) change data feed rows of versions 1..latest: those of rollback
+    commits, or those of every other commit."""
+    latest = DeltaTable(scenario.target).version()
+    rewrites = {r.table_version for r in rollbacks(spark, scenario.target)}
+    version = CDF_COLUMNS.index("_commit_version")
+    expected = spark_rows(changes_between(spark, scenario.target, 1, latest), CDF_COLUMNS)
+    feed = DeltaTable(scenario.target).load_cdf(starting_version=1, ending_version=latest)
+    actual = arrow_rows(pa.RecordBatchReader.from_stream(feed).read_all(), CDF_COLUMNS)
+    expected, actual = (
+        [row for row in rows if (row[version] in rewrites) == rollback_commits]
+        for rows in (expected, actual)
+    )
+    return expected, actual
+
+
+@pytest.mark.spark
+def test_change_data_feed_reads_the_same_in_both_engines_outside_rollbacks(
+    spark: Any, scenario: AuditScenario
+) -> None:
+    expected, actual = change_feeds(spark, scenario, rollback_commits=False)
+
+    assert actual == expected
+    assert {row[CDF_COLUMNS.index("_change_type")] for row in actual} >= {
+        "insert", "update_preimage", "update_postimage", "delete"
+    }
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,  # the known mismatch only: an error reading either feed still fails
+    reason="deltalake 1.6.6 load_cdf inverts the deletion vector of a removed file: a rollback "
+    "commit (replaceWhere over a partition whose file has a DV) reports the DV-deleted rows as "
+    "deleted instead of the live ones. Read the change feed with Spark (changes_between).",
+)
+@pytest.mark.spark
+def test_change_data_feed_of_a_rollback_commit_reads_the_same_in_both_engines(
+    spark: Any, scenario: AuditScenario
+) -> None:
+    expected, actual = change_feeds(spark, scenario, rollback_commits=True)
+
+    assert expected, "the scenario has a rollback commit"
+    assert actual == expected
