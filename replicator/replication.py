@@ -301,7 +301,11 @@ class Replication:
 
     def staged_up_to(self) -> dict[int, int]:
         """Per vbucket, the end seqno of its newest complete snapshot staged but not committed."""
-        return _newest_ends(self._staging.stager.ready_snapshots())
+        return {
+            vb: runs[-1].end_seqno
+            for vb, runs in self._staging.stager.ready_snapshots().items()
+            if runs
+        }
 
     # --- events ------------------------------------------------------------------------
 
@@ -457,11 +461,14 @@ class Replication:
         needs is coming, so its last commits need not wait out the commit interval."""
         if self._targets is None:
             return False
-        staged = _newest_ends(ready)
-        return all(
-            state.reaches_target(max(state.committed.seqno, staged.get(vb, 0)))
-            for vb, state in self._state.items()
-        )
+        # Looked up vbucket by vbucket, so the usual answer (some vbucket is not there yet) comes
+        # after a few lookups rather than after indexing every vbucket's ready runs.
+        for vb, state in self._state.items():
+            runs = ready.get(vb)
+            staged = runs[-1].end_seqno if runs else 0
+            if not state.reaches_target(max(state.committed.seqno, staged)):
+                return False
+        return True
 
     def _thresholds_now(self) -> CommitThresholds:
         return stretched_for_slow_commits(self._thresholds, self._last_commit_seconds)
@@ -491,11 +498,6 @@ class Replication:
             self._progress.finish(snapshot)
         else:
             self._progress.update(snapshot)
-
-
-def _newest_ends(ready: Mapping[int, Sequence[StagedSnapshots]]) -> dict[int, int]:
-    """Per vbucket with ready snapshots, the end seqno of its newest one."""
-    return {vb: runs[-1].end_seqno for vb, runs in ready.items() if runs}
 
 
 @contextmanager
