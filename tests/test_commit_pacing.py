@@ -1,4 +1,5 @@
-"""The replication loop paces its group commits by how long the last one took.
+"""The replication loop paces its group commits: by how long the last one took, and, in a run
+with targets, by whether everything up to them is staged.
 
 A real producer over TCP and real staging, with a store that only records batches and makes
 its first commit take 20 s of a clock the test moves (no Delta: the pacing is the driver's).
@@ -15,7 +16,7 @@ from replicator.replication import RecoveredMirror, Replication, RollbackOutcome
 from replicator.runner import connect_source
 from replicator.sim.bucket import SimBucket
 from replicator.sim.cluster import DEFAULT_PASSWORD, SimCluster
-from replicator.snapshots.planner import CommitBatch, CommitThresholds
+from replicator.snapshots.planner import CommitBatch, CommitThresholds, CommitTrigger
 from replicator.snapshots.rows import ChangeRowConverter, CollectionRegistry
 from replicator.snapshots.staging import Stager, StreamStager
 from tests.clocks import ManualClock
@@ -53,14 +54,14 @@ class RecordingStore:
         pass
 
 
-def step_until(replication: Replication, stager: Stager, seqno: int) -> None:
-    """Step until vbucket 0's staged snapshots reach `seqno` (a real producer: bounded)."""
+def step_until(replication: Replication, stager: Stager, seqno: int, vbucket: int = 0) -> None:
+    """Step until the vbucket's staged snapshots reach `seqno` (a real producer: bounded)."""
     for _ in range(200):
-        ready = stager.ready_snapshots().get(0, ())
+        ready = stager.ready_snapshots().get(vbucket, ())
         if any(run.end_seqno >= seqno for run in ready):
             return
         replication.step(poll_timeout=0.05)
-    raise AssertionError(f"vbucket 0 never staged up to seqno {seqno}")
+    raise AssertionError(f"vbucket {vbucket} never staged up to seqno {seqno}")
 
 
 def test_after_a_slow_commit_the_next_batch_waits_as_long_as_it_took(tmp_path: Path) -> None:
@@ -102,6 +103,58 @@ def test_after_a_slow_commit_the_next_batch_waits_as_long_as_it_took(tmp_path: P
             replication.step(poll_timeout=0.0)
             assert len(store.batches) == 2
             assert store.batches[1].positions[0].seqno == 8
+        finally:
+            stager.close()
+            source.close()
+
+
+def test_a_run_with_targets_commits_once_every_target_is_staged_not_before(
+    tmp_path: Path,
+) -> None:
+    bucket = SimBucket("targeted", num_vbuckets=2, seed=2)
+    for vbucket in (0, 1):
+        for key in bucket.keys_in_vbucket(vbucket, 3, f"first-{vbucket}"):
+            bucket.upsert(key, {"vb": vbucket})
+    later = bucket.keys_in_vbucket(1, 2, "later")
+    highs = bucket.high_seqnos()
+    # Vbucket 1's target lies two writes beyond what the producer holds yet.
+    targets = {0: highs[0], 1: highs[1] + len(later)}
+    clock = ManualClock(1000.0)  # never moved: the commit delay never runs out
+    store = RecordingStore(clock)
+    with SimCluster(bucket, nodes=1) as cluster:
+        source = connect_source(
+            ReplicatorConfig(
+                source=cluster.connection_string, password=Secret(DEFAULT_PASSWORD)
+            )
+        )
+        stager = Stager(tmp_path / "staging", clock=clock)
+        try:
+            registry = CollectionRegistry.from_manifest(source.collections_manifest())
+            replication = Replication(
+                source=source,
+                store=store,
+                stream_stager=StreamStager(stager, ChangeRowConverter(registry)),
+                vbuckets=(0, 1),
+                thresholds=CommitThresholds(max_delay_seconds=DELAY_S),
+                targets=targets,
+                clock=clock,
+            )
+            replication.start()
+            step_until(replication, stager, highs[0], vbucket=0)
+            step_until(replication, stager, highs[1], vbucket=1)
+            replication.step(poll_timeout=0.0)
+            assert store.batches == [], "vbucket 1's target is not staged yet"
+
+            for key in later:
+                bucket.upsert(key, {"vb": 1})
+            # The step that stages vbucket 1's target commits; the clock has not moved.
+            for _ in range(200):
+                if store.batches:
+                    break
+                replication.step(poll_timeout=0.05)
+            assert len(store.batches) == 1
+            assert store.batches[0].trigger is CommitTrigger.TARGETS_STAGED
+            assert {vb: p.seqno for vb, p in store.batches[0].positions.items()} == targets
         finally:
             stager.close()
             source.close()
