@@ -7,7 +7,8 @@ its first commit take 20 s of a clock the test moves (no Delta: the pacing is th
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 
 from replicator.config import ReplicatorConfig, Secret
@@ -64,48 +65,63 @@ def step_until(replication: Replication, stager: Stager, seqno: int, vbucket: in
     raise AssertionError(f"vbucket {vbucket} never staged up to seqno {seqno}")
 
 
+@contextmanager
+def replication_over(
+    cluster: SimCluster,
+    tmp_path: Path,
+    store: RecordingStore,
+    clock: ManualClock,
+    *,
+    vbuckets: tuple[int, ...],
+    targets: Mapping[int, int] | None = None,
+) -> Iterator[tuple[Replication, Stager]]:
+    """A started Replication of `vbuckets` from the cluster into `store`, and its stager."""
+    source = connect_source(
+        ReplicatorConfig(source=cluster.connection_string, password=Secret(DEFAULT_PASSWORD))
+    )
+    stager = Stager(tmp_path / "staging", clock=clock)
+    try:
+        registry = CollectionRegistry.from_manifest(source.collections_manifest())
+        replication = Replication(
+            source=source,
+            store=store,
+            stream_stager=StreamStager(stager, ChangeRowConverter(registry)),
+            vbuckets=vbuckets,
+            thresholds=CommitThresholds(max_delay_seconds=DELAY_S),
+            targets=targets,
+            clock=clock,
+        )
+        replication.start()
+        yield replication, stager
+    finally:
+        stager.close()
+        source.close()
+
+
 def test_after_a_slow_commit_the_next_batch_waits_as_long_as_it_took(tmp_path: Path) -> None:
     bucket = SimBucket("paced", num_vbuckets=1, seed=1)
     for index in range(5):
         bucket.upsert(f"first-{index}", {"n": index})
     clock = ManualClock(1000.0)
     store = RecordingStore(clock)
-    with SimCluster(bucket, nodes=1) as cluster:
-        source = connect_source(
-            ReplicatorConfig(
-                source=cluster.connection_string, password=Secret(DEFAULT_PASSWORD)
-            )
-        )
-        stager = Stager(tmp_path / "staging", clock=clock)
-        try:
-            registry = CollectionRegistry.from_manifest(source.collections_manifest())
-            replication = Replication(
-                source=source,
-                store=store,
-                stream_stager=StreamStager(stager, ChangeRowConverter(registry)),
-                vbuckets=(0,),
-                thresholds=CommitThresholds(max_delay_seconds=DELAY_S),
-                clock=clock,
-            )
-            replication.start()
-            step_until(replication, stager, 5)
-            clock.now += DELAY_S
-            replication.step(poll_timeout=0.0)
-            assert len(store.batches) == 1  # the configured delay: and it took 20 s
+    with SimCluster(bucket, nodes=1) as cluster, replication_over(
+        cluster, tmp_path, store, clock, vbuckets=(0,)
+    ) as (replication, stager):
+        step_until(replication, stager, 5)
+        clock.now += DELAY_S
+        replication.step(poll_timeout=0.0)
+        assert len(store.batches) == 1  # the configured delay: and it took 20 s
 
-            for index in range(3):
-                bucket.upsert(f"second-{index}", {"n": index})
-            step_until(replication, stager, 8)
-            clock.now += DELAY_S + 1
-            replication.step(poll_timeout=0.0)
-            assert len(store.batches) == 1, "after a 20 s commit, 3 s of waiting is too soon"
-            clock.now += SLOW_COMMIT_S - DELAY_S
-            replication.step(poll_timeout=0.0)
-            assert len(store.batches) == 2
-            assert store.batches[1].positions[0].seqno == 8
-        finally:
-            stager.close()
-            source.close()
+        for index in range(3):
+            bucket.upsert(f"second-{index}", {"n": index})
+        step_until(replication, stager, 8)
+        clock.now += DELAY_S + 1
+        replication.step(poll_timeout=0.0)
+        assert len(store.batches) == 1, "after a 20 s commit, 3 s of waiting is too soon"
+        clock.now += SLOW_COMMIT_S - DELAY_S
+        replication.step(poll_timeout=0.0)
+        assert len(store.batches) == 2
+        assert store.batches[1].positions[0].seqno == 8
 
 
 def test_a_run_with_targets_commits_once_every_target_is_staged_not_before(
@@ -121,40 +137,21 @@ def test_a_run_with_targets_commits_once_every_target_is_staged_not_before(
     targets = {0: highs[0], 1: highs[1] + len(later)}
     clock = ManualClock(1000.0)  # never moved: the commit delay never runs out
     store = RecordingStore(clock)
-    with SimCluster(bucket, nodes=1) as cluster:
-        source = connect_source(
-            ReplicatorConfig(
-                source=cluster.connection_string, password=Secret(DEFAULT_PASSWORD)
-            )
-        )
-        stager = Stager(tmp_path / "staging", clock=clock)
-        try:
-            registry = CollectionRegistry.from_manifest(source.collections_manifest())
-            replication = Replication(
-                source=source,
-                store=store,
-                stream_stager=StreamStager(stager, ChangeRowConverter(registry)),
-                vbuckets=(0, 1),
-                thresholds=CommitThresholds(max_delay_seconds=DELAY_S),
-                targets=targets,
-                clock=clock,
-            )
-            replication.start()
-            step_until(replication, stager, highs[0], vbucket=0)
-            step_until(replication, stager, highs[1], vbucket=1)
-            replication.step(poll_timeout=0.0)
-            assert store.batches == [], "vbucket 1's target is not staged yet"
+    with SimCluster(bucket, nodes=1) as cluster, replication_over(
+        cluster, tmp_path, store, clock, vbuckets=(0, 1), targets=targets
+    ) as (replication, stager):
+        step_until(replication, stager, highs[0], vbucket=0)
+        step_until(replication, stager, highs[1], vbucket=1)
+        replication.step(poll_timeout=0.0)
+        assert store.batches == [], "vbucket 1's target is not staged yet"
 
-            for key in later:
-                bucket.upsert(key, {"vb": 1})
-            # The step that stages vbucket 1's target commits; the clock has not moved.
-            for _ in range(200):
-                if store.batches:
-                    break
-                replication.step(poll_timeout=0.05)
-            assert len(store.batches) == 1
-            assert store.batches[0].trigger is CommitTrigger.TARGETS_STAGED
-            assert {vb: p.seqno for vb, p in store.batches[0].positions.items()} == targets
-        finally:
-            stager.close()
-            source.close()
+        for key in later:
+            bucket.upsert(key, {"vb": 1})
+        # The step that stages vbucket 1's target commits; the clock has not moved.
+        for _ in range(200):
+            if store.batches:
+                break
+            replication.step(poll_timeout=0.05)
+        assert len(store.batches) == 1
+        assert store.batches[0].trigger is CommitTrigger.TARGETS_STAGED
+        assert {vb: p.seqno for vb, p in store.batches[0].positions.items()} == targets
