@@ -1,10 +1,15 @@
 """The replication driver: DCP events in, Delta commits out, one vbucket's fate at a time.
 
 One thread makes every decision: it polls the DCP client, stages events (then acknowledges them
-so the producer's flow-control window reopens), plans group commits, commits them, and handles
-rollbacks. The client's own threads only read sockets. Because commits happen on this thread,
-a rollback can never race a commit: a vbucket's staged data above its rollback point is simply
-dropped before the next batch is planned.
+so the producer's flow-control window reopens), plans group commits, and handles rollbacks. The
+client's own threads only read sockets.
+
+A planned batch is committed by one background thread while this one goes on streaming and
+staging: a commit is mostly the JVM's work, and staging is mostly Python's, so the two overlap
+instead of taking turns. At most one commit is in flight; the next is planned only after it
+landed. Whatever else touches the store (a rollback, a resync, a stream that must resume from
+the committed boundary, a heartbeat, the end of the run) first waits for the commit in flight
+and takes its outcome, so a rollback never races a commit and always sees the newest position.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
@@ -45,6 +51,9 @@ log = logging.getLogger(__name__)
 
 ROLLBACK_STORM_LIMIT = 5
 """Rollbacks of one vbucket to the same seqno in a row before we resync it from 0 instead."""
+
+COMMIT_WATCH_INTERVAL_S = 0.05
+"""Longest poll while a commit is in flight: the next one is planned soon after it lands."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,11 +168,22 @@ class ReplicationSummary:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class CommitInFlight:
+    """A claimed batch being committed by the background thread; `future` gives its end time."""
+
+    batch: CommitBatch
+    started_at: float
+    future: Future[float]
+
+
 class Replication:
     """Mirrors the selected vbuckets of one bucket into one Delta table until told to stop.
 
     `targets` (vbucket -> high seqno) makes the run stop once every vbucket committed it
     (`--until-caught-up`); without it the run continues until `stop` is set.
+    `commit_in_background` False makes every commit on the replication thread, the step that
+    plans it waiting for it (streaming and staging pause meanwhile).
     """
 
     def __init__(
@@ -178,6 +198,7 @@ class Replication:
         progress: ProgressReporter | None = None,
         heartbeat_interval_s: float = 15.0,
         clock: Callable[[], float] = time.monotonic,
+        commit_in_background: bool = True,
     ) -> None:
         self._source = source
         self._store = store
@@ -197,6 +218,11 @@ class Replication:
         self._requested_targets: dict[int, int] | None = None
         self._targets_lock = threading.Lock()
         self._step_observers: list[Callable[[Replication], None]] = []
+        self._committer = (
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix="delta-commit")
+            if commit_in_background else None
+        )
+        self._in_flight: CommitInFlight | None = None
         self.stats = ReplicationStats()
 
     # --- lifecycle ---------------------------------------------------------------------
@@ -250,20 +276,29 @@ class Replication:
 
     def run(self, stop: threading.Event) -> ReplicationSummary:
         """Replicate until `stop` is set or, with targets, until every vbucket caught up."""
-        self.start()
-        last_heartbeat = self._clock()
-        while not stop.is_set() and not self.all_caught_up():
-            self._apply_requested_targets()
-            self.step(poll_timeout=self._poll_timeout())
-            for observer in self._step_observers:
-                observer(self)
-            now = self._clock()
-            if now - last_heartbeat >= self._heartbeat_interval:
-                self._store.heartbeat()
-                last_heartbeat = now
-        # A clean stop commits what is complete (a short commit) and abandons partial snapshots.
-        self._commit_if_due(force=True)
-        self._save_pending_logs()
+        try:
+            self.start()
+            last_heartbeat = self._clock()
+            while not stop.is_set() and not self.all_caught_up():
+                self._apply_requested_targets()
+                self.step(poll_timeout=self._poll_timeout())
+                for observer in self._step_observers:
+                    observer(self)
+                now = self._clock()
+                if now - last_heartbeat >= self._heartbeat_interval:
+                    self._finish_commit_in_flight()
+                    self._store.heartbeat()
+                    last_heartbeat = now
+            # A clean stop commits what is complete (a short commit) and abandons partial
+            # snapshots.
+            self._commit_if_due(force=True)
+            self._save_pending_logs()
+        except BaseException:
+            self._abandon_commit_in_flight()
+            raise
+        finally:
+            if self._committer is not None:
+                self._committer.shutdown(wait=True)
         for state in self._state.values():
             if state.streaming:
                 self._source.close_stream(state.vbucket)
@@ -271,7 +306,8 @@ class Replication:
         return self.summary()
 
     def step(self, *, poll_timeout: float) -> None:
-        """One turn: poll, stage and acknowledge, then commit if a threshold is reached."""
+        """One turn: poll, stage and acknowledge, then, when the commit in flight (if any) has
+        landed, start the next commit if a threshold is reached."""
         batch = self._source.poll(timeout=poll_timeout)
         for event in batch:
             self._handle(event)
@@ -334,6 +370,8 @@ class Replication:
             else:
                 # The client reopens from committed_position(): drop everything above it so
                 # the re-sent snapshots are neither duplicated nor mixed with the old stream.
+                # A commit in flight may move that boundary: it lands first.
+                self._finish_commit_in_flight()
                 log.info("vbucket %d stream ended (%s); resuming from seqno %d",
                          event.vbucket, event.reason.name, state.committed.seqno)
                 self._staging.discard(event.vbucket, resume_seqno=state.committed.seqno)
@@ -342,6 +380,7 @@ class Replication:
 
     def _rollback(self, state: VbucketProgress, rollback_seqno: int) -> None:
         vb = state.vbucket
+        self._finish_commit_in_flight()  # it may hold this vbucket: roll back what it commits
         state.history_confirmed = False
         self.stats.rollbacks += 1
         state.rollbacks += 1
@@ -388,6 +427,7 @@ class Replication:
         if high != 0:
             return  # the stream brings a snapshot, and its commit replaces the rows
         position = VbucketPosition.at_boundary(vb, failover_log.newest.vbucket_uuid, 0)
+        self._finish_commit_in_flight()
         empty = VbucketCommit(
             vbucket=vb, position=position, previous_seqno=0, first_load=True,
             snapshot_start=0, snapshot_count=0, tables=(), spill_files=(), row_count=0,
@@ -414,12 +454,20 @@ class Replication:
     def _poll_timeout(self) -> float:
         from replicator.snapshots.planner import seconds_until_due
 
+        if self._in_flight is not None:
+            # Nothing is planned until it lands; look again soon after it does.
+            return 0.0 if self._in_flight.future.done() else COMMIT_WATCH_INTERVAL_S
         due = seconds_until_due(
             self._staging.stager.ready_snapshots(), self._thresholds_now(), now=self._clock()
         )
         return 0.5 if due is None else min(0.5, max(0.0, due))
 
     def _commit_if_due(self, *, force: bool = False) -> None:
+        """Start the next commit if one is due; `force` waits for it (and any in flight)."""
+        if self._in_flight is not None:
+            if not (force or self._in_flight.future.done()):
+                return
+            self._finish_commit_in_flight()
         stager = self._staging.stager
         ready = stager.ready_snapshots()
         batch = plan_commit(
@@ -441,8 +489,36 @@ class Replication:
         )
         stager.claim(batch)
         started = self._clock()
-        self._store.commit(batch, replace=replace)
-        self._last_commit_seconds = self._clock() - started
+
+        def commit() -> float:
+            self._store.commit(batch, replace=replace)
+            return self._clock()
+
+        if self._committer is None or force:
+            self._landed(batch, started, commit())
+            return
+        self._in_flight = CommitInFlight(batch, started, self._committer.submit(commit))
+
+    def _finish_commit_in_flight(self) -> None:
+        """Wait for the commit in flight, if any, and take its outcome (or raise its error)."""
+        in_flight, self._in_flight = self._in_flight, None
+        if in_flight is not None:
+            self._landed(in_flight.batch, in_flight.started_at, in_flight.future.result())
+
+    def _abandon_commit_in_flight(self) -> None:
+        """The run is failing: let the commit in flight end (no write may outlive the run), and
+        keep its outcome out of the way of the error already on its way up."""
+        in_flight, self._in_flight = self._in_flight, None
+        if in_flight is None:
+            return
+        error = in_flight.future.exception()
+        if error is not None:
+            log.warning("batch %d did not commit either: %s", in_flight.batch.batch_id, error)
+
+    def _landed(self, batch: CommitBatch, started: float, finished: float) -> None:
+        """The batch is committed: drop its staged rows and move its vbuckets' positions."""
+        stager = self._staging.stager
+        self._last_commit_seconds = finished - started
         stager.release(batch)
         self._next_batch_id = batch.batch_id + 1
         self.stats.commits += 1

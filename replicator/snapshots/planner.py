@@ -55,11 +55,10 @@ def stretched_for_slow_commits(
 
     A commit's cost is mostly per partition written, not per row: under a heavy load, a
     commit every `max_delay_seconds` would spend nearly all the time committing small batches
-    and fall ever further behind, since nothing is staged while a commit runs. After a slow
-    commit (over SLOW_COMMIT_S and over the delay), a batch waits as long as that commit
-    took, so batches grow until the mirror keeps up, with at most half the time spent in
-    commits. Quick commits (light load) keep the configured delay; rows and bytes still cap
-    every batch.
+    and fall ever further behind. After a slow commit (over SLOW_COMMIT_S and over the delay),
+    a batch waits as long as that commit took, so batches grow until the mirror keeps up.
+    Quick commits (light load) keep the configured delay; rows and bytes still cap every
+    batch.
 
     >>> base = CommitThresholds(max_delay_seconds=2.0)
     >>> stretched_for_slow_commits(base, 1.5).max_delay_seconds
