@@ -112,10 +112,16 @@ def replication_over(
         source.close()
 
 
-def test_after_a_slow_commit_the_next_batch_waits_as_long_as_it_took(tmp_path: Path) -> None:
-    bucket = SimBucket("paced", num_vbuckets=1, seed=1)
+def one_vbucket_of_five_documents(name: str, *, seed: int) -> SimBucket:
+    """A bucket of one vbucket holding seqnos 1 to 5."""
+    bucket = SimBucket(name, num_vbuckets=1, seed=seed)
     for index in range(5):
         bucket.upsert(f"first-{index}", {"n": index})
+    return bucket
+
+
+def test_after_a_slow_commit_the_next_batch_waits_as_long_as_it_took(tmp_path: Path) -> None:
+    bucket = one_vbucket_of_five_documents("paced", seed=1)
     clock = ManualClock(1000.0)
     store = RecordingStore(clock)
     with SimCluster(bucket, nodes=1) as cluster, replication_over(
@@ -204,9 +210,7 @@ class InFlightStore(RecordingStore):
 def test_staging_goes_on_during_a_commit_and_a_stream_resumes_after_what_it_commits(
     tmp_path: Path,
 ) -> None:
-    bucket = SimBucket("overlapped", num_vbuckets=1, seed=3)
-    for index in range(5):
-        bucket.upsert(f"first-{index}", {"n": index})
+    bucket = one_vbucket_of_five_documents("overlapped", seed=3)
     clock = ManualClock(1000.0)
     store = InFlightStore(clock)
     with SimCluster(bucket, nodes=1) as cluster, replication_over(
