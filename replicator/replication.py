@@ -170,10 +170,9 @@ class ReplicationSummary:
 
 @dataclass(frozen=True, slots=True)
 class CommitInFlight:
-    """A claimed batch being committed by the background thread; `future` gives its end time."""
+    """A claimed batch being committed by the background thread; `future` gives its duration."""
 
     batch: CommitBatch
-    started_at: float
     future: Future[float]
 
 
@@ -488,22 +487,22 @@ class Replication:
             c.vbucket for c in batch.commits if self._state[c.vbucket].resync
         )
         stager.claim(batch)
-        started = self._clock()
 
         def commit() -> float:
+            started = self._clock()
             self._store.commit(batch, replace=replace)
-            return self._clock()
+            return self._clock() - started
 
         if self._committer is None or force:
-            self._landed(batch, started, commit())
+            self._landed(batch, commit())
             return
-        self._in_flight = CommitInFlight(batch, started, self._committer.submit(commit))
+        self._in_flight = CommitInFlight(batch, self._committer.submit(commit))
 
     def _finish_commit_in_flight(self) -> None:
         """Wait for the commit in flight, if any, and take its outcome (or raise its error)."""
         in_flight, self._in_flight = self._in_flight, None
         if in_flight is not None:
-            self._landed(in_flight.batch, in_flight.started_at, in_flight.future.result())
+            self._landed(in_flight.batch, in_flight.future.result())
 
     def _abandon_commit_in_flight(self) -> None:
         """The run is failing: let the commit in flight end (no write may outlive the run), and
@@ -515,10 +514,10 @@ class Replication:
         if error is not None:
             log.warning("batch %d did not commit either: %s", in_flight.batch.batch_id, error)
 
-    def _landed(self, batch: CommitBatch, started: float, finished: float) -> None:
-        """The batch is committed: drop its staged rows and move its vbuckets' positions."""
+    def _landed(self, batch: CommitBatch, seconds: float) -> None:
+        """The batch is committed (in `seconds`): drop its staged rows, move its positions."""
         stager = self._staging.stager
-        self._last_commit_seconds = finished - started
+        self._last_commit_seconds = seconds
         stager.release(batch)
         self._next_batch_id = batch.batch_id + 1
         self.stats.commits += 1

@@ -237,7 +237,7 @@ def test_staging_goes_on_during_a_commit_and_a_stream_resumes_after_what_it_comm
         for index in range(3):
             bucket.upsert(f"second-{index}", {"n": index})
         step_until(replication, stager, 8)
-        assert store.batches == [] and replication.stats.commits == 0
+        assert replication.stats.commits == 0, "the held commit was taken as landed"
 
         # A failover that loses seqnos 5 to 8 ends the stream while the commit is in flight.
         # The stream must resume from the seqno that commit reaches, and so roll back from it.
