@@ -7,9 +7,11 @@ client's own threads only read sockets.
 A planned batch is committed by one background thread while this one goes on streaming and
 staging: a commit is mostly the JVM's work, and staging is mostly Python's, so the two overlap
 instead of taking turns. At most one commit is in flight; the next is planned only after it
-landed. Whatever else touches the store (a rollback, a resync, a stream that must resume from
-the committed boundary, a heartbeat, the end of the run) first waits for the commit in flight
-and takes its outcome, so a rollback never races a commit and always sees the newest position.
+landed. Heartbeats run on that thread too, after a commit or on their own when none is in
+flight, so they never make this thread wait. Whatever else touches the store (a rollback, a
+resync, a stream that must resume from the committed boundary, the end of the run) first waits
+for the commit in flight and takes its outcome, so a rollback never races a commit and always
+sees the newest position.
 """
 
 from __future__ import annotations
@@ -170,9 +172,10 @@ class ReplicationSummary:
 
 @dataclass(frozen=True, slots=True)
 class CommitInFlight:
-    """A claimed batch being committed by the background thread; `future` gives its duration."""
+    """A claimed batch being committed by the background thread (None: a heartbeat alone);
+    `future` gives the commit's duration."""
 
-    batch: CommitBatch
+    batch: CommitBatch | None
     future: Future[float]
 
 
@@ -222,6 +225,7 @@ class Replication:
             if commit_in_background else None
         )
         self._in_flight: CommitInFlight | None = None
+        self._last_heartbeat = clock()
         self.stats = ReplicationStats()
 
     # --- lifecycle ---------------------------------------------------------------------
@@ -277,17 +281,14 @@ class Replication:
         """Replicate until `stop` is set or, with targets, until every vbucket caught up."""
         try:
             self.start()
-            last_heartbeat = self._clock()
+            self._last_heartbeat = self._clock()
             while not stop.is_set() and not self.all_caught_up():
                 self._apply_requested_targets()
                 self.step(poll_timeout=self._poll_timeout())
                 for observer in self._step_observers:
                     observer(self)
-                now = self._clock()
-                if now - last_heartbeat >= self._heartbeat_interval:
-                    self._finish_commit_in_flight()
-                    self._store.heartbeat()
-                    last_heartbeat = now
+                if self._heartbeat_due() and self._in_flight is None:
+                    self._start_heartbeat()
             # A clean stop commits what is complete (a short commit) and abandons partial
             # snapshots.
             self._commit_if_due(force=True)
@@ -491,12 +492,34 @@ class Replication:
         def commit() -> float:
             started = self._clock()
             self._store.commit(batch, replace=replace)
-            return self._clock() - started
+            seconds = self._clock() - started
+            self._heartbeat_if_due()
+            return seconds
 
         if self._committer is None or force:
             self._landed(batch, commit())
             return
         self._in_flight = CommitInFlight(batch, self._committer.submit(commit))
+
+    def _heartbeat_due(self) -> bool:
+        return self._clock() - self._last_heartbeat >= self._heartbeat_interval
+
+    def _heartbeat_if_due(self) -> None:
+        """Renew the claim when due (on the thread that commits, never while a commit runs)."""
+        if self._heartbeat_due():
+            self._store.heartbeat()
+            self._last_heartbeat = self._clock()
+
+    def _start_heartbeat(self) -> None:
+        """A heartbeat with no commit in flight: in the background, as a commit would be."""
+        def heartbeat() -> float:
+            self._heartbeat_if_due()
+            return 0.0
+
+        if self._committer is None:
+            heartbeat()
+            return
+        self._in_flight = CommitInFlight(None, self._committer.submit(heartbeat))
 
     def _finish_commit_in_flight(self) -> None:
         """Wait for the commit in flight, if any, and take its outcome (or raise its error)."""
@@ -512,10 +535,14 @@ class Replication:
             return
         error = in_flight.future.exception()
         if error is not None:
-            log.warning("batch %d did not commit either: %s", in_flight.batch.batch_id, error)
+            batch = in_flight.batch
+            what = "the heartbeat" if batch is None else f"batch {batch.batch_id}"
+            log.warning("%s did not complete either: %s", what, error)
 
-    def _landed(self, batch: CommitBatch, seconds: float) -> None:
+    def _landed(self, batch: CommitBatch | None, seconds: float) -> None:
         """The batch is committed (in `seconds`): drop its staged rows, move its positions."""
+        if batch is None:
+            return  # a heartbeat alone
         stager = self._staging.stager
         self._last_commit_seconds = seconds
         stager.release(batch)

@@ -40,6 +40,7 @@ from replicator.snapshots.staging import Stager, StreamStager
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+    from replicator.delta.compaction import Compactor
     from replicator.delta.executor import CommitExecutor
     from replicator.delta.ownership import OwnerClaim, OwnersTable
     from replicator.delta.table import MirrorTable
@@ -53,13 +54,23 @@ class DeltaMirrorStore:
     """The driver's view of the Delta layer: recover, commit, roll back, heartbeat.
 
     Owns the batch counter: group commits, rollbacks and resyncs each take the next id, which
-    is the Delta txnVersion of their commits, so it only ever grows.
+    is the Delta txnVersion of their commits, so it only ever grows. After a group commit it
+    compacts the owner's partitions when due (`compactor`), on the same thread, so compaction
+    never races its own MERGEs.
     """
 
-    def __init__(self, executor: CommitExecutor, owners: OwnersTable, claim: OwnerClaim) -> None:
+    def __init__(
+        self,
+        executor: CommitExecutor,
+        owners: OwnersTable,
+        claim: OwnerClaim,
+        *,
+        compactor: Compactor | None = None,
+    ) -> None:
         self._executor = executor
         self._owners = owners
         self._claim = claim
+        self._compactor = compactor
         self.next_batch_id = 1
 
     @property
@@ -74,6 +85,7 @@ class DeltaMirrorStore:
             log.info("repaired checkpoints of table versions %s from the table history",
                      list(state.repaired_versions))
         self.next_batch_id = state.next_batch_id
+        self._executor.new_batches_from = state.next_batch_id
         return RecoveredMirror(state.positions, state.failover_logs, state.next_batch_id)
 
     def save_failover_logs(self, logs: Mapping[int, FailoverLog]) -> None:
@@ -94,6 +106,8 @@ class DeltaMirrorStore:
         for vbucket in sorted(replace & set(batch.vbuckets)):
             replace_vbucket(self._executor, batch.commit_for(vbucket), batch_id=self.next_batch_id)
             self.next_batch_id += 1
+        if self._compactor is not None:
+            self._compactor.compact_if_due()
         return self.next_batch_id
 
     def rollback(
@@ -109,6 +123,7 @@ class DeltaMirrorStore:
 
         if failover_log is None:
             raise ConfigError(f"vbucket {vbucket}: a rollback needs the producer's failover log")
+        self._executor.flush_checkpoints()  # the plan reads them
         if committed.seqno <= rollback_seqno and rollback_seqno > 0:
             # Nothing committed above the rollback point: the mirror already stands there.
             position = VbucketPosition.at_boundary(
@@ -134,10 +149,15 @@ class DeltaMirrorStore:
         return RollbackOutcome(vbucket, outcome.position, full_resync=True, table_version=None)
 
     def heartbeat(self) -> None:
+        """Renew the claim, and write the checkpoints queued since the last flush."""
+        self._executor.flush_checkpoints()
         self._owners.heartbeat(self._claim)
 
     def release(self) -> None:
-        self._owners.release(self._claim)
+        try:
+            self._executor.flush_checkpoints()
+        finally:
+            self._owners.release(self._claim)
 
 
 def client_options(config: ReplicatorConfig, *, tls: bool) -> ClientOptions:
@@ -184,6 +204,11 @@ def staging_dir_for(config: ReplicatorConfig, owner_id: str) -> str:
     """One owner's spill directory under staging_root (shards never share one)."""
     return f"{staging_root(config)}/{owner_id}"
 
+
+CHECKPOINT_EVERY = 16
+"""Data commits whose checkpoint rows share one checkpoints commit (heartbeats, rollbacks and
+the end of a run write what is queued sooner). Recovery rebuilds the rows of a crashed run from
+the data commits' metadata, so queueing loses nothing."""
 
 STOP_GRACE_S = 60.0
 """How long leaving a BackgroundRun's block waits for the stopped run to end (it commits what is
@@ -316,6 +341,7 @@ def run_replication(
     `fault_hook` (tests) is called with the executor's commit steps and the stager's spill
     steps (FAULT_STEPS, SPILL_FAULT_STEPS); an exception it raises acts as a fault there.
     """
+    from replicator.delta.compaction import Compactor
     from replicator.delta.executor import CommitExecutor
     from replicator.delta.ownership import OwnersTable
     from replicator.delta.schema import MirrorConfig
@@ -348,12 +374,17 @@ def run_replication(
                 client.bucket,
                 deleted_file_retention=_interval(config.deleted_file_retention),
                 log_retention=_interval(config.log_retention),
+                num_vbuckets=client.cluster_map.num_vbuckets,
             ),
         )
         owners = OwnersTable.of(mirror)
         claim = owners.claim(vbuckets)
-        executor = CommitExecutor(mirror, claim, owners, fault_hook=fault_hook)
-        store = DeltaMirrorStore(executor, owners, claim)
+        executor = CommitExecutor(
+            mirror, claim, owners, fault_hook=fault_hook, checkpoint_every=CHECKPOINT_EVERY
+        )
+        store = DeltaMirrorStore(
+            executor, owners, claim, compactor=Compactor(mirror, claim.vbuckets)
+        )
         cleanup.callback(_release_quietly, store)
 
         registry = CollectionRegistry.from_manifest(client.collections_manifest())

@@ -1,22 +1,22 @@
 """The checkpoints table: where each data commit left each vbucket it touched.
 
-Written right after each data commit, in a commit of its own (Delta has no multi-table
-transactions), so it can lag the data table by one commit after a crash; recovery repairs it
-from the data commits' metadata. Appends are idempotent: they carry the data commit's
-txnAppId / txnVersion.
+Written after the data commits, in commits of its own (Delta has no multi-table transactions),
+one for several data commits when the executor queues them: it can lag the data table by those
+commits after a crash, and recovery repairs it from the data commits' metadata. Appends are
+idempotent: they carry the owner's txnAppId and the newest data commit's txnVersion.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 from replicator.dcp.positions import VbucketPosition
-from replicator.delta.schema import CHECKPOINT_SCHEMA, CommitMetadata, txn_app_id
-from replicator.delta.table import SESSION_WRITE_LOCK, MirrorTable, as_utc
+from replicator.delta.schema import CHECKPOINT_SCHEMA, txn_app_id
+from replicator.delta.table import SESSION_WRITE_LOCK, CommitRecord, MirrorTable, as_utc
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -68,34 +68,43 @@ class CheckpointsTable:
         """The checkpoints table of a mirror."""
         return cls(mirror.spark, mirror.layout.checkpoints)
 
-    def record(self, metadata: CommitMetadata, table_version: int, committed_at: datetime) -> None:
-        """Append one row per vbucket of a data commit; a no-op if that commit is recorded."""
-        rows = [
-            (
-                metadata.owner_id,
-                metadata.batch_id,
-                table_version,
-                metadata.kind,
-                position.vbucket,
-                Decimal(position.vbucket_uuid),
-                position.seqno,
-                position.snapshot_start,
-                position.snapshot_end,
-                position.purge_seqno,
-                position.manifest_uid,
-                committed_at,
-            )
-            for position in sorted(metadata.positions.values(), key=lambda p: p.vbucket)
-        ]
-        frame = self.spark.createDataFrame(rows, CHECKPOINT_SCHEMA)
-        with SESSION_WRITE_LOCK:
-            (
-                frame.write.format("delta")
-                .mode("append")
-                .option("txnAppId", txn_app_id(metadata.owner_id))
-                .option("txnVersion", metadata.txn_version)
-                .save(self.path)
-            )
+    def record(self, commits: Sequence[CommitRecord]) -> None:
+        """Append one row per vbucket of each data commit, one append per owner.
+
+        A no-op for an owner whose newest commit here is recorded already: commits are
+        recorded in order, never skipping one, so the newest txnVersion speaks for them all.
+        """
+        by_owner: dict[str, list[CommitRecord]] = {}
+        for commit in commits:
+            by_owner.setdefault(commit.metadata.owner_id, []).append(commit)
+        for owner_id, owned in sorted(by_owner.items()):
+            rows = [
+                (
+                    owner_id,
+                    commit.metadata.batch_id,
+                    commit.version,
+                    commit.metadata.kind,
+                    position.vbucket,
+                    Decimal(position.vbucket_uuid),
+                    position.seqno,
+                    position.snapshot_start,
+                    position.snapshot_end,
+                    position.purge_seqno,
+                    position.manifest_uid,
+                    commit.timestamp,
+                )
+                for commit in owned
+                for position in sorted(commit.metadata.positions.values(), key=lambda p: p.vbucket)
+            ]
+            frame = self.spark.createDataFrame(rows, CHECKPOINT_SCHEMA)
+            with SESSION_WRITE_LOCK:
+                (
+                    frame.write.format("delta")
+                    .mode("append")
+                    .option("txnAppId", txn_app_id(owner_id))
+                    .option("txnVersion", max(c.metadata.txn_version for c in owned))
+                    .save(self.path)
+                )
 
     def read(self) -> DataFrame:
         return self.spark.read.format("delta").load(self.path)

@@ -2,21 +2,25 @@
 
 - APPEND: vbuckets with nothing committed (first load): deduplicated upserts, appended.
 - MERGE: steady state: deduplicated changes merged on (vbucket, collection_id, key), the
-  condition led by a literal `t.vbucket IN (...)` so Delta reads and rewrites only those
-  vbuckets' partitions (and shards writing other vbuckets never conflict).
-- REPLACE: one vbucket's rows replaced wholesale (rollback to a version, full resync).
+  condition led by literal partition and vbucket predicates (`DataLayout.predicate`), the only
+  predicates Delta's MERGE prunes files by.
+- REPLACE: one vbucket's rows made equal to a given set (rollback to a version, full resync):
+  the difference (changed rows, and deletes of rows not in the set) is MERGEd, so deletion
+  vectors mark the old rows and no other row is copied.
 
 A batch mixing first-load and steady vbuckets becomes two commits (append part 0, merge part 1),
 each with its own positions and txnVersion. Every commit carries the Delta txn ids of its owner
 and batch, so a batch applied twice commits once, and `CommitMetadata` as userMetadata, so the
-data commit is the point of truth the checkpoints table is repaired from.
+data commit is the point of truth the checkpoints table is repaired from. Checkpoint rows may be
+queued and written for several commits at once (`checkpoint_every`): one Delta commit per batch
+on the hot path.
 
-Shards (replicators owning disjoint vbuckets) write one table at once. The table is partitioned
-by vbucket and every write names its partitions with literals, so their commits touch disjoint
-files and Delta's conflict check (WriteSerializable) lets them all through. A conflict that
-does happen (an OPTIMIZE of our partitions, a racing table-creation or metadata change) is
-retried with backoff, re-checking the claim first: the write is rebuilt against the new table
-version, and its txn ids make an attempt that did land count once.
+Shards (replicators owning disjoint vbuckets) write one table at once. Every write names its
+partitions with literals, so shards owning whole partitions touch disjoint files and Delta's
+conflict check (WriteSerializable) lets them all through. A conflict that does happen (shards
+sharing a partition, a racing table-creation or metadata change) is retried with backoff,
+re-checking the claim first: the write is rebuilt against the new table version, and its txn
+ids make an attempt that did land count once.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import enum
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
@@ -50,8 +55,12 @@ from replicator.delta.table import (
     ConflictRetry,
     MirrorTable,
     delta_conflict_name,
+    delta_snapshot,
     delta_write_confs,
     engine_error_summary,
+    last_commit_version,
+    now_utc,
+    reset_last_commit_version,
     retry_on_conflict,
 )
 from replicator.errors import OwnershipConflict, ReplicatorError
@@ -63,7 +72,8 @@ if TYPE_CHECKING:
 
 
 FAULT_STEPS = ("before_data_commit", "after_data_commit", "after_checkpoint")
-"""Steps at which the fault hook is called, in order, for each data commit."""
+"""Steps at which the fault hook is called, in order, for each data commit. `after_checkpoint`
+comes once the commit's checkpoint rows are written or queued for the next flush."""
 
 FaultHook = Callable[[str], None]
 
@@ -117,7 +127,11 @@ class CommitExecutor:
     """Commits batches for one owner of a set of vbuckets into one mirror.
 
     `fault_hook`, when given, is called with each name of FAULT_STEPS as a commit passes it;
-    tests raise from it to simulate a crash at that point.
+    tests raise from it to simulate a crash at that point. `checkpoint_every` data commits
+    share one checkpoints commit (1: each writes its own at once); `flush_checkpoints` writes
+    what is queued, and must run before the checkpoints are read. Batches numbered
+    `new_batches_from` or above are known never to have been committed (recovery says so), so
+    they skip the look-up of an earlier attempt in the table history.
     """
 
     def __init__(
@@ -129,7 +143,10 @@ class CommitExecutor:
         fault_hook: FaultHook | None = None,
         conflict_retry: ConflictRetry | None = None,
         pause: Callable[[float], None] = time.sleep,
+        checkpoint_every: int = 1,
     ) -> None:
+        if checkpoint_every < 1:
+            raise ValueError(f"checkpoint_every must be at least 1, got {checkpoint_every}")
         self.mirror = mirror
         self.claim = claim
         self.owners = owners
@@ -137,6 +154,10 @@ class CommitExecutor:
         self._fault_hook = fault_hook
         self.conflict_retry = conflict_retry or ConflictRetry()
         self._pause = pause
+        self.checkpoint_every = checkpoint_every
+        self.new_batches_from: int | None = None
+        self._queued_checkpoints: list[CommitRecord] = []
+        self._landed_commit: CommitRecord | None = None
         self.conflicts_retried = 0
         """Commits (data or checkpoints) Delta refused for a concurrent commit and retried."""
 
@@ -195,25 +216,17 @@ class CommitExecutor:
         """REPLACE strategy: make `rows` (data columns) all of `vbucket`'s rows, in one commit.
 
         Used for a rollback (rows of an older version) and a full resync (a complete stream
-        from 0: keys not in `rows` disappear).
+        from 0: keys not in `rows` disappear). Only the difference is written: rows that
+        changed, and deletes of rows `rows` lacks, MERGEd like any batch.
         """
         if position.vbucket != vbucket:
             raise ValueError(f"position of vbucket {position.vbucket} given for vbucket {vbucket}")
         self._check_claimed([vbucket], f"{kind} of vbucket {vbucket}")
-        condition = f"vbucket = {int(vbucket)}"
+        wanted = rows.where(f"vbucket = {int(vbucket)}").select(*DATA_COLUMNS)
 
         def write(metadata: CommitMetadata) -> None:
-            frame = rows.where(condition).select(*DATA_COLUMNS)
-            with SESSION_WRITE_LOCK:
-                (
-                    frame.write.format("delta")
-                    .mode("overwrite")
-                    .option("replaceWhere", condition)
-                    .option("txnAppId", txn_app_id(metadata.owner_id))
-                    .option("txnVersion", metadata.txn_version)
-                    .option("userMetadata", metadata.to_json())
-                    .save(self.mirror.layout.data)
-                )
+            current = self.mirror.read().where(self.mirror.data_layout.predicate([vbucket]))
+            self._merge_source(_replacement_changes(current, wanted), [vbucket], metadata)
 
         return self._commit(
             batch_id, 0, kind, WriteStrategy.REPLACE, {vbucket: position}, write, details=details
@@ -287,10 +300,15 @@ class CommitExecutor:
 
     def _merge(self, commits: Sequence[VbucketCommit], metadata: CommitMetadata) -> None:
         source = _union([self.change_rows(commits), *self._dropped_collection_rows(commits)])
-        vbuckets = ", ".join(str(c.vbucket) for c in commits)
+        self._merge_source(source, [c.vbucket for c in commits], metadata)
+
+    def _merge_source(
+        self, source: DataFrame, vbuckets: Sequence[int], metadata: CommitMetadata
+    ) -> None:
+        """MERGE change rows (CHANGE_SCHEMA, one per document) into `vbuckets`' rows."""
         condition = (
-            f"t.vbucket IN ({vbuckets}) AND t.vbucket = s.vbucket "
-            "AND t.collection_id = s.collection_id AND t.key = s.key"
+            f"{self.mirror.data_layout.predicate(vbuckets, alias='t')} "
+            "AND t.vbucket = s.vbucket AND t.collection_id = s.collection_id AND t.key = s.key"
         )
         columns: dict[str, str | Column] = {name: f"s.{name}" for name in DATA_COLUMNS}
         with delta_write_confs(
@@ -322,8 +340,10 @@ class CommitExecutor:
             if not commit.dropped_collection_ids:
                 continue
             dropped = sorted(set(commit.dropped_collection_ids))
-            stored = self.mirror.read().where(
-                (F.col("vbucket") == commit.vbucket) & F.col("collection_id").isin(dropped)
+            stored = (
+                self.mirror.read()
+                .where(self.mirror.data_layout.predicate([commit.vbucket]))
+                .where(F.col("collection_id").isin(dropped))
             )
             frames.append(
                 stored.withColumn("op", F.lit(DELETE)).select(*CHANGE_SCHEMA.fieldNames())
@@ -353,32 +373,68 @@ class CommitExecutor:
             details=dict(details or {}),
         )
         what = f"batch {batch_id} part {part} ({strategy.value} of vbuckets {sorted(positions)})"
-        record = self.mirror.find_commit(metadata.owner_id, batch_id, part, recent_only=True)
+        record = None
+        if self.new_batches_from is None or batch_id < self.new_batches_from:
+            record = self.mirror.find_commit(metadata.owner_id, batch_id, part, recent_only=True)
         already_committed = record is not None
         if record is None:
             self.owners.verify(self.claim)
             self._step("before_data_commit")
             try:
-                self._retrying(what, lambda: write(metadata), fence=True)
+                self._retrying(what, lambda: self._write(write, metadata), fence=True)
             except ReplicatorError:
                 raise
             except Exception as exc:
                 raise CommitFailed(f"{what} failed: {engine_error_summary(exc)}") from exc
-            record = self.mirror.find_commit(metadata.owner_id, batch_id, part)
+            record = self._landed_commit or self.mirror.find_commit(
+                metadata.owner_id, batch_id, part
+            )
             if record is None:
                 raise CommitFailed(
                     f"batch {batch_id} part {part}: Delta accepted the write but its commit is "
                     "not in the table history (was the txn id committed by another writer?)"
                 )
         self._step("after_data_commit")
-        landed = record
-        self._retrying(
-            f"checkpoints of {what}",
-            lambda: self.checkpoints.record(landed.metadata, landed.version, landed.timestamp),
-            fence=False,
-        )
+        self._queued_checkpoints.append(record)
+        if len(self._queued_checkpoints) >= self.checkpoint_every:
+            self.flush_checkpoints()
         self._step("after_checkpoint")
         return _data_commit(record, strategy, already_committed)
+
+    def _write(self, write: Callable[[CommitMetadata], None], metadata: CommitMetadata) -> None:
+        """Run `write`, noting the commit it made (None when Delta skipped it as a duplicate)."""
+        self._landed_commit = None
+        with SESSION_WRITE_LOCK:
+            reset_last_commit_version(self.spark)
+            write(metadata)
+            version = last_commit_version(self.spark)
+        if version is not None:
+            self._landed_commit = CommitRecord(version, self._commit_time(version), metadata)
+
+    def _commit_time(self, version: int) -> datetime:
+        """When version `version` was committed, from Delta's snapshot (no Spark job); the
+        clock when another writer's commit already followed it."""
+        snapshot = delta_snapshot(self.spark, self.mirror.layout.data)
+        if int(snapshot.version()) != version:
+            return now_utc()
+        return datetime.fromtimestamp(int(snapshot.timestamp()) / 1000, tz=UTC)
+
+    def flush_checkpoints(self) -> None:
+        """Write the checkpoint rows of every data commit queued so far, in one commit."""
+        queued = list(self._queued_checkpoints)
+        if not queued:
+            return
+        self._retrying(
+            f"checkpoints of batches {queued[0].metadata.batch_id}-{queued[-1].metadata.batch_id}",
+            lambda: self.checkpoints.record(queued),
+            fence=False,
+        )
+        del self._queued_checkpoints[: len(queued)]
+
+    @property
+    def queued_checkpoints(self) -> int:
+        """Data commits whose checkpoint rows are not written yet."""
+        return len(self._queued_checkpoints)
 
     def _retrying(self, what: str, action: Callable[[], None], *, fence: bool) -> None:
         """Run a commit through retry_on_conflict, counting retries.
@@ -426,11 +482,9 @@ class CommitExecutor:
             )
 
     def _vbuckets_with_rows(self, vbuckets: Sequence[int]) -> list[int]:
-        from pyspark.sql import functions as F
-
         rows = (
             self.mirror.read()
-            .where(F.col("vbucket").isin(list(vbuckets)))
+            .where(self.mirror.data_layout.predicate(vbuckets))
             .select("vbucket")
             .distinct()
             .collect()
@@ -463,6 +517,34 @@ def _union(frames: Sequence[DataFrame]) -> DataFrame:
     for frame in frames[1:]:
         result = result.unionByName(frame)
     return result
+
+
+def _replacement_changes(current: DataFrame, wanted: DataFrame) -> DataFrame:
+    """The change rows that turn `current` (one vbucket's rows) into `wanted` (pure plan).
+
+    Upserts of wanted rows that are new or differ (by seqno and cas: a seqno names one change
+    on a vbucket's history), deletes of current rows whose document `wanted` lacks.
+    """
+    from pyspark.sql import functions as F
+
+    document = ["collection_id", "key"]
+    stored = current.select(
+        *document, F.col("seqno").alias("_seqno"), F.col("cas").alias("_cas")
+    )
+    upserts = (
+        wanted.join(stored, document, "left")
+        .where(
+            F.col("_seqno").isNull()
+            | (F.col("_seqno") != F.col("seqno"))
+            | (F.col("_cas") != F.col("cas"))
+        )
+        .withColumn("op", F.lit(UPSERT))
+    )
+    deletes = current.join(wanted.select(*document), document, "left_anti").withColumn(
+        "op", F.lit(DELETE)
+    )
+    names = CHANGE_SCHEMA.fieldNames()
+    return upserts.select(*names).unionByName(deletes.select(*names))
 
 
 def _latest_per_document(changes: DataFrame) -> DataFrame:

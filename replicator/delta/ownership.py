@@ -30,7 +30,9 @@ from replicator.delta.table import (
     delta_write_confs,
     engine_error_summary,
     is_concurrent_modification,
+    last_commit_version,
     now_utc,
+    reset_last_commit_version,
     retry_on_conflict,
     table_version,
 )
@@ -40,9 +42,6 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 DEFAULT_LEASE = timedelta(minutes=2)
-
-LAST_COMMIT_VERSION_CONF = "spark.databricks.delta.lastCommitVersionInSession"
-"""Where Delta leaves the version of the session's latest commit."""
 
 _MAX_READABLE_OWNER_ID = 60
 
@@ -287,7 +286,7 @@ class OwnersTable:
         with delta_write_confs(self.spark, user_metadata=_metadata("claim", claim)):
             # Every write of this package holds the session write lock, so the conf read below
             # is this MERGE's own version, not another thread's.
-            self.spark.conf.unset(LAST_COMMIT_VERSION_CONF)
+            reset_last_commit_version(self.spark)
             (
                 DeltaTable.forPath(self.spark, self.path)
                 .alias("t")
@@ -302,8 +301,7 @@ class OwnersTable:
                 )
                 .execute()
             )
-            version = self.spark.conf.get(LAST_COMMIT_VERSION_CONF, None)
-        return None if version is None else int(version)
+            return last_commit_version(self.spark)
 
     def _withdraw_if_beaten(self, claim: OwnerClaim, version: int | None) -> None:
         """Refuse the claim if a rival's claim landed before ours: it is in our commit's view."""

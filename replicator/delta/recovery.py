@@ -53,9 +53,9 @@ def repair_checkpoints(
     if newest_versions is None:
         newest_versions = checkpoints.newest_versions_by_owner()
     missing = mirror.commits_after(newest_versions)
+    checkpoints.record(missing)
     failover_logs: dict[int, FailoverLog] = {}
     for record in missing:
-        checkpoints.record(record.metadata, record.version, record.timestamp)
         pairs = record.metadata.details.get("failover_log")
         if record.metadata.kind == ROLLBACK and pairs:
             for vbucket in record.metadata.positions:

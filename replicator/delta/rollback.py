@@ -1,8 +1,9 @@
 """Rollback on the Delta side (issue 6): rewind one vbucket's rows to a committed boundary.
 
 When the producer answers a stream request with ROLLBACK to r, the vbucket goes back to the
-newest committed boundary b <= r: its rows are rewritten from the table version at which it
-stood at b (time travel), in one commit touching only its partition. When there is no such
+newest committed boundary b <= r: its rows are made those of the table version at which it
+stood at b (time travel), in one commit that MERGEs only the difference, touching only files
+that hold the vbucket's rows (deletion vectors, no rows copied). When there is no such
 boundary (r == 0, nothing committed at or below r, or the version is past the time-travel
 horizon) the answer is a full resync: stream the vbucket from 0 and `replace_vbucket`.
 """
@@ -186,7 +187,9 @@ def rollback_vbucket(
         "reason": reason,
     }
     try:
-        old_rows = mirror.read(boundary.table_version).where(f"vbucket = {int(vbucket)}")
+        old_rows = mirror.read(boundary.table_version).where(
+            mirror.data_layout.predicate([vbucket])
+        )
         missing = [f for f in old_rows.inputFiles() if not path_exists(mirror.spark, f)]
     except Exception as exc:
         if not _unreadable(exc):

@@ -24,9 +24,12 @@ from replicator.delta.schema import (
     FAILOVER_LOG_SCHEMA,
     FORMAT_PROPERTY,
     FORMAT_VERSION,
+    GROUP_WIDTH_PROPERTY,
     METADATA_DIR,
     OWNER_SCHEMA,
+    VBUCKET_GROUP,
     CommitMetadata,
+    DataLayout,
     MirrorConfig,
     MirrorLayout,
 )
@@ -43,6 +46,8 @@ log = logging.getLogger(__name__)
 TXN_APP_ID_CONF = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION_CONF = "spark.databricks.delta.write.txnVersion"
 USER_METADATA_CONF = "spark.databricks.delta.commitInfo.userMetadata"
+LAST_COMMIT_VERSION_CONF = "spark.databricks.delta.lastCommitVersionInSession"
+"""Where Delta leaves the version of the session's latest commit."""
 
 SESSION_WRITE_LOCK = threading.RLock()
 """Held around every Delta write of this package: the txn and userMetadata confs are
@@ -194,12 +199,31 @@ class CommitRecord:
 
 
 class MirrorTable:
-    """Handle on one mirror: the data table and the replicator's tables beside it."""
+    """Handle on one mirror: the data table and the replicator's tables beside it.
 
-    def __init__(self, spark: SparkSession, layout: MirrorLayout, config: MirrorConfig) -> None:
+    `data_layout` is how the data table is partitioned (read from its log when not given).
+    """
+
+    def __init__(
+        self,
+        spark: SparkSession,
+        layout: MirrorLayout,
+        config: MirrorConfig,
+        data_layout: DataLayout | None = None,
+    ) -> None:
         self.spark = spark
         self.layout = layout
         self.config = config
+        self._data_layout = data_layout
+
+    @property
+    def data_layout(self) -> DataLayout:
+        if self._data_layout is None:
+            properties, partitioning = table_properties_and_partitioning(
+                self.spark, self.layout.data
+            )
+            self._data_layout = _data_layout(self.layout.data, properties, partitioning)
+        return self._data_layout
 
     def delta(self) -> DeltaTable:
         """The data table as a DeltaTable (fresh: sees the latest commit)."""
@@ -312,9 +336,11 @@ def open_or_create(spark: SparkSession, path: str, config: MirrorConfig) -> Mirr
     >>> mirror = open_or_create(spark, "/data/travel", config)  # doctest: +SKIP
     """
     layout = MirrorLayout(path)
+    data_layout = config.new_layout
 
     def open_tables() -> None:
-        _ensure_data_table(spark, layout, config)
+        nonlocal data_layout
+        data_layout = _ensure_data_table(spark, layout, config)
         for role, table_path, schema in (
             ("checkpoints", layout.checkpoints, CHECKPOINT_SCHEMA),
             ("failover_logs", layout.failover_logs, FAILOVER_LOG_SCHEMA),
@@ -334,10 +360,12 @@ def open_or_create(spark: SparkSession, path: str, config: MirrorConfig) -> Mirr
         raise ConfigError(
             f"cannot open or create the mirror at {path}: {engine_error_summary(exc)}"
         ) from None
-    return MirrorTable(spark, layout, config)
+    return MirrorTable(spark, layout, config, data_layout)
 
 
-def _ensure_data_table(spark: SparkSession, layout: MirrorLayout, config: MirrorConfig) -> None:
+def _ensure_data_table(
+    spark: SparkSession, layout: MirrorLayout, config: MirrorConfig
+) -> DataLayout:
 
     path = layout.data
     if not has_commits(spark, path):
@@ -354,8 +382,9 @@ def _ensure_data_table(spark: SparkSession, layout: MirrorLayout, config: Mirror
             # Another replicator may have created it at the same moment; validate theirs.
             if not has_commits(spark, path):
                 raise
-    properties = _validate_data_table(spark, path, config)
+    properties, data_layout = _validate_data_table(spark, path, config)
     _apply_retention(spark, path, properties, config)
+    return data_layout
 
 
 RETENTION_PROPERTIES = ("delta.deletedFileRetentionDuration", "delta.logRetentionDuration")
@@ -391,22 +420,33 @@ def _apply_retention(
 def _create_data_table(spark: SparkSession, path: str, config: MirrorConfig) -> None:
     from delta.tables import DeltaTable
 
+    layout = config.new_layout
+    assert layout.group_width is not None
     builder = (
         DeltaTable.createIfNotExists(spark)
         .location(path)
         .addColumns(DATA_SCHEMA)
-        .partitionedBy("vbucket")
+        # Generated, so that every writer (ours, or a user's repair) fills it the same way.
+        .addColumn(
+            VBUCKET_GROUP, "INT", nullable=False,
+            generatedAlwaysAs=layout.generation_expression(),
+        )
+        .partitionedBy(VBUCKET_GROUP)
         .comment(f"Mirror of Couchbase bucket {config.bucket}, maintained by replicator")
     )
-    for key, value in config.data_table_properties().items():
+    properties = {
+        **config.data_table_properties(),
+        GROUP_WIDTH_PROPERTY: str(layout.group_width),
+    }
+    for key, value in properties.items():
         builder = builder.property(key, value)
     builder.execute()
 
 
 def _validate_data_table(
     spark: SparkSession, path: str, config: MirrorConfig
-) -> Mapping[str, str]:
-    """Check that `path` is this bucket's mirror; return the data table's properties."""
+) -> tuple[Mapping[str, str], DataLayout]:
+    """Check that `path` is this bucket's mirror; return its properties and layout."""
     properties, partitioning = table_properties_and_partitioning(spark, path)
     mirrored = properties.get(BUCKET_PROPERTY)
     layout_format = properties.get(FORMAT_PROPERTY)
@@ -420,17 +460,42 @@ def _validate_data_table(
             f"{path} is the mirror of bucket {mirrored!r}, not of {config.bucket!r}; "
             "each bucket needs its own target path"
         )
-    if partitioning != ["vbucket"]:
-        raise NotAMirrorError(
-            f"{path} claims to mirror {mirrored!r} but is partitioned by {partitioning}, "
-            "not by vbucket; it was not created by replicator"
-        )
     if layout_format != str(FORMAT_VERSION):
         raise NotAMirrorError(
             f"{path} is a mirror in format {layout_format}, this replicator writes format "
             f"{FORMAT_VERSION}"
         )
-    return properties
+    return properties, _data_layout(path, properties, partitioning)
+
+
+def _data_layout(
+    path: str, properties: Mapping[str, str], partitioning: list[str]
+) -> DataLayout:
+    """The layout of the mirror at `path`: grouped, or one partition per vbucket (older)."""
+    width = properties.get(GROUP_WIDTH_PROPERTY)
+    if partitioning == [VBUCKET_GROUP] and width is not None and width.isdigit():
+        return DataLayout(int(width))
+    if partitioning == ["vbucket"] and width is None:
+        return DataLayout(None)
+    raise NotAMirrorError(
+        f"{path} claims to mirror {properties.get(BUCKET_PROPERTY)!r} but is partitioned by "
+        f"{partitioning} (group width {width}), not as replicator lays a mirror out; it was "
+        "not created by replicator"
+    )
+
+
+def last_commit_version(spark: SparkSession) -> int | None:
+    """The version of the session's latest Delta commit, None if it made none since the reset.
+
+    Call with SESSION_WRITE_LOCK held around the write and the read, after
+    `reset_last_commit_version`: the value is session-wide.
+    """
+    value = spark.conf.get(LAST_COMMIT_VERSION_CONF, None)
+    return None if value is None else int(value)
+
+
+def reset_last_commit_version(spark: SparkSession) -> None:
+    spark.conf.unset(LAST_COMMIT_VERSION_CONF)
 
 
 def _create_if_missing(

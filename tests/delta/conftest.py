@@ -22,8 +22,10 @@ def mirror_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def mirror(spark: Any, mirror_path: Path) -> MirrorTable:
-    """One mirror per test module; tests keep to their own vbuckets so they stay independent."""
-    return open_or_create(spark, str(mirror_path), MirrorConfig(BUCKET))
+    """One mirror per test module; tests keep to their own vbuckets so they stay independent.
+
+    A bucket of 64 vbuckets: 16 partitions of 4 vbuckets each."""
+    return open_or_create(spark, str(mirror_path), MirrorConfig(BUCKET, num_vbuckets=64))
 
 
 @pytest.fixture(scope="module")

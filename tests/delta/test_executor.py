@@ -108,7 +108,7 @@ def test_first_load_appends_then_merge_updates_deletes_and_expires(
     metadata = json.loads(history[merge.table_version]["userMetadata"])
     assert metadata["kind"] == "commit" and metadata["batch"] == 2
     assert metadata["owner"] == executor.claim.owner_id
-    assert metadata["positions"] == {"1": [UUID, 12, 12, 12, 0, 0]}
+    assert metadata["positions"] == {"1": [UUID, 12]}  # a plain boundary: uuid and seqno
 
 
 def _commit_file_paths(mirror_path: Path, version: int) -> list[str]:
@@ -125,11 +125,12 @@ def _commit_file_paths(mirror_path: Path, version: int) -> list[str]:
 def test_group_commit_rewrites_only_its_vbuckets_partitions(
     mirror: MirrorTable, mirror_path: Path, executor: CommitExecutor
 ) -> None:
-    load = [upsert(vb, k, s) for vb in (3, 4, 5) for s, k in enumerate("pqr", start=1)]
+    # Partitions of 4 vbuckets: 3 is in group 0, 4 in group 1, 12 in group 3.
+    load = [upsert(vb, k, s) for vb in (3, 4, 12) for s, k in enumerate("pqr", start=1)]
     executor.execute(
-        batch(10, *(vbucket_commit(vb, load, seqno=3, first_load=True) for vb in (3, 4, 5)))
+        batch(10, *(vbucket_commit(vb, load, seqno=3, first_load=True) for vb in (3, 4, 12)))
     )
-    untouched_files = sorted(actual_rows(mirror, [5]).inputFiles())
+    untouched_files = sorted(actual_rows(mirror, [12]).inputFiles())
 
     changes = [upsert(3, "p", 4, '{"new":1}'), delete(4, "q", 4), upsert(4, "s", 5)]
     outcome = executor.execute(
@@ -144,22 +145,23 @@ def test_group_commit_rewrites_only_its_vbuckets_partitions(
     touched = _commit_file_paths(mirror_path, merge.table_version)
     assert touched, "the merge changed files"
     assert {path.split("/")[0] for path in touched if not path.startswith("_")} <= {
-        "vbucket=3",
-        "vbucket=4",
+        "vbucket_group=0",
+        "vbucket_group=1",
     }
     metrics = mirror.delta().history().where(f"version = {merge.table_version}").first()
     assert metrics is not None
-    # Delta can only prune files by a literal on the partition column: without
-    # `t.vbucket IN (3, 4)` the join condition alone would scan every partition.
+    # Delta can only prune files by literals on target columns: without `t.vbucket_group IN
+    # (0, 1)` and `t.vbucket IN (3, 4)` the join condition alone would scan every partition.
     predicate = metrics["operationParameters"]["predicate"]
-    literal = re.search(r"\bvbucket(?:#\d+)? IN \(([\d, ]+)\)", predicate)
-    assert literal is not None, f"no literal vbucket IN (...) in the MERGE: {predicate}"
-    assert {int(vb) for vb in literal.group(1).split(",")} == {3, 4}
+    for column, expected in (("vbucket_group", {0, 1}), ("vbucket", {3, 4})):
+        literal = re.search(rf"\b{column}(?:#\d+)? IN \(([\d, ]+)\)", predicate)
+        assert literal is not None, f"no literal {column} IN (...) in the MERGE: {predicate}"
+        assert {int(vb) for vb in literal.group(1).split(",")} == expected
     operation_metrics = metrics["operationMetrics"]
     assert int(operation_metrics["numTargetRowsUpdated"]) == 1
     assert int(operation_metrics["numTargetRowsDeleted"]) == 1
     assert int(operation_metrics["numTargetRowsInserted"]) == 1
-    assert sorted(actual_rows(mirror, [5]).inputFiles()) == untouched_files
+    assert sorted(actual_rows(mirror, [12]).inputFiles()) == untouched_files
     assert documents(mirror, [3, 4]) == {
         (3, "p", 4, '{"new":1}'),
         (3, "q", 2, '{"v":2}'),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 
 import pyarrow as pa
@@ -21,9 +22,11 @@ from replicator.delta.schema import (
     CHANGE_SCHEMA,
     DATA_COLUMNS,
     CommitMetadata,
+    DataLayout,
     MirrorConfig,
     MirrorLayout,
     txn_version,
+    vbucket_group_width,
 )
 from replicator.snapshots.rows import CHANGE_SCHEMA as ARROW_CHANGE_SCHEMA
 
@@ -88,6 +91,54 @@ def test_commit_metadata_round_trips_u64_uuids_and_details() -> None:
     parsed = CommitMetadata.from_json(metadata.to_json())
     assert parsed == metadata
     assert parsed is not None and parsed.txn_version == 24
+
+
+@pytest.mark.parametrize(
+    "position",
+    [
+        VbucketPosition(3, 2**64 - 1, 40, 40, 40, 0, 0),  # a plain boundary: two numbers
+        VbucketPosition(3, 5, 40, 40, 40, 7, 0),  # purged: four
+        VbucketPosition(3, 5, 40, 40, 40, 0, 9),  # a collections manifest: four
+        VbucketPosition(3, 5, 40, 30, 45, 0, 0),  # inside a snapshot: all six
+    ],
+)
+def test_positions_are_written_compactly_and_read_back_exactly(position: VbucketPosition) -> None:
+    metadata = CommitMetadata("commit", 1, 1, "o", "merge", {3: position})
+    written = metadata.to_json()
+    assert CommitMetadata.from_json(written) == metadata
+    plain = position.snapshot_start == position.snapshot_end == position.seqno
+    extra = position.purge_seqno or position.manifest_uid
+    expected = 2 if plain and not extra else 4 if plain else 6
+    assert len(json.loads(written)["positions"]["3"]) == expected
+
+
+def test_metadata_with_six_number_positions_from_older_commits_still_reads() -> None:
+    older = '{"replicator":1,"kind":"commit","batch":2,"part":1,"owner":"o",' + (
+        '"strategy":"merge","positions":{"4":[7,12,12,12,0,0]}}'
+    )
+    parsed = CommitMetadata.from_json(older)
+    assert parsed is not None and parsed.positions == {4: VbucketPosition.at_boundary(4, 7, 12)}
+
+
+def test_commit_metadata_of_1024_vbuckets_stays_small() -> None:
+    positions = {vb: VbucketPosition.at_boundary(vb, 2**63 + vb, 10_000 + vb) for vb in range(1024)}
+    text = CommitMetadata("commit", 9, 1, "vb0-1023", "merge", positions).to_json()
+    assert len(text) < 40_000  # six numbers a position took about 60 KB
+
+
+def test_grouped_layout_names_partitions_and_vbuckets_with_literals() -> None:
+    layout = DataLayout(vbucket_group_width(1024))
+    assert layout.group_width == 64 and layout.partition_column == "vbucket_group"
+    assert layout.groups([0, 63, 64, 1023]) == [0, 1, 15]
+    assert layout.predicate([700, 5], alias="t") == (
+        "t.vbucket_group IN (0, 10) AND t.vbucket IN (5, 700)"
+    )
+    assert MirrorConfig("b", num_vbuckets=64).new_layout == DataLayout(4)
+    legacy = DataLayout(None)
+    assert legacy.partition_column == "vbucket" and legacy.groups([9, 2]) == [2, 9]
+    assert legacy.predicate([9, 2]) == "vbucket IN (2, 9)"
+    with pytest.raises(ValueError, match="at least one vbucket"):
+        layout.predicate([])
 
 
 def test_foreign_user_metadata_is_not_ours() -> None:

@@ -10,7 +10,9 @@ from typing import Any
 import pytest
 from delta.tables import DeltaTable
 
-from replicator.delta.schema import DATA_SCHEMA, MirrorConfig
+from pyspark.sql.types import IntegerType
+
+from replicator.delta.schema import DATA_SCHEMA, DataLayout, MirrorConfig
 from replicator.delta.table import open_or_create
 from replicator.errors import ConfigError, NotAMirrorError
 
@@ -25,8 +27,9 @@ def test_creates_partitioned_data_table_with_properties_and_metadata_tables(
 
     detail = DeltaTable.forPath(spark, str(path)).detail().first()
     assert detail is not None
-    assert detail["partitionColumns"] == ["vbucket"]
+    assert detail["partitionColumns"] == ["vbucket_group"]
     properties = detail["properties"]
+    assert properties["replicator.vbucketGroupWidth"] == "64"  # 1024 vbuckets, 16 partitions
     assert properties["replicator.bucket"] == "travel"
     assert properties["replicator.format"] == "1"
     assert properties["delta.enableChangeDataFeed"] == "true"
@@ -34,8 +37,9 @@ def test_creates_partitioned_data_table_with_properties_and_metadata_tables(
     assert properties["delta.deletedFileRetentionDuration"] == "interval 7 days"
     assert properties["delta.logRetentionDuration"] == "interval 30 days"
     assert [(f.name, f.dataType) for f in mirror.read().schema.fields] == [
-        (f.name, f.dataType) for f in DATA_SCHEMA.fields
+        *((f.name, f.dataType) for f in DATA_SCHEMA.fields), ("vbucket_group", IntegerType())
     ]
+    assert mirror.data_layout == DataLayout(64)
     for table in ("checkpoints", "failover_logs", "owners"):
         assert (path / "_replicator" / table / "_delta_log").is_dir(), table
         assert spark.read.format("delta").load(str(path / "_replicator" / table)).count() == 0

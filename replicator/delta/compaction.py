@@ -1,0 +1,151 @@
+"""Compaction of the data table by the replicator itself, between its own commits.
+
+Every group commit adds about one file per partition it touches, and every MERGE marks rows of
+older files with deletion vectors. Left alone, files pile up and each MERGE reads more of them.
+The replicator therefore compacts its own partitions on its commit thread, after a data commit,
+so a compaction never races its own MERGEs: bin-packing of the small files only (those under
+`small_file_bytes`) and of files whose deleted rows passed `max_deleted_share`. Large, healthy
+files are left as they are, so a compaction costs what the recent commits wrote, not the table.
+
+Shards: a partition is compacted by the owner of its first vbucket only, so no two shards compact
+one partition; a compaction that still meets a concurrent commit gives way (it is retried at the
+next due point), never failing the run.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from replicator.delta.table import (
+    SESSION_WRITE_LOCK,
+    MirrorTable,
+    delta_snapshot,
+    delta_write_confs,
+    engine_error_summary,
+    is_concurrent_modification,
+)
+
+if TYPE_CHECKING:
+    from replicator.delta.schema import DataLayout
+
+log = logging.getLogger(__name__)
+
+MIN_FILE_SIZE_CONF = "spark.databricks.delta.optimize.minFileSize"
+MAX_DELETED_ROWS_RATIO_CONF = "spark.databricks.delta.optimize.maxDeletedRowsRatio"
+
+
+@dataclass(frozen=True, slots=True)
+class CompactionPolicy:
+    """When and what to compact.
+
+    A compaction is due once the table holds `files_per_partition` x the partitions this owner
+    compacts more files than right after its last compaction.
+    """
+
+    small_file_bytes: int = 16 * 1024 * 1024
+    max_deleted_share: float = 0.3
+    files_per_partition: int = 2
+
+    def __post_init__(self) -> None:
+        if self.small_file_bytes < 1:
+            raise ValueError(f"small_file_bytes must be positive, got {self.small_file_bytes}")
+        if not 0 < self.max_deleted_share <= 1:
+            raise ValueError(f"max_deleted_share must be in (0, 1], got {self.max_deleted_share}")
+        if self.files_per_partition < 1:
+            raise ValueError(
+                f"files_per_partition must be at least 1, got {self.files_per_partition}"
+            )
+
+
+def compacted_partitions(layout: DataLayout, vbuckets: Iterable[int]) -> list[int]:
+    """The partitions an owner of `vbuckets` compacts: those whose first vbucket it owns (pure).
+
+    >>> from replicator.delta.schema import DataLayout
+    >>> compacted_partitions(DataLayout(64), range(32, 200))
+    [1, 2]
+    >>> compacted_partitions(DataLayout(None), [4, 9])
+    [4, 9]
+    """
+    owned = set(vbuckets)
+    if layout.group_width is None:
+        return sorted(owned)
+    return [g for g in layout.groups(owned) if g * layout.group_width in owned]
+
+
+@dataclass(frozen=True, slots=True)
+class CompactionOutcome:
+    """One compaction: table files before and after, and how long it took."""
+
+    files_before: int
+    files_after: int
+    seconds: float
+
+
+class Compactor:
+    """Compacts one owner's partitions of a mirror when enough files have accumulated."""
+
+    def __init__(
+        self,
+        mirror: MirrorTable,
+        vbuckets: Iterable[int],
+        policy: CompactionPolicy | None = None,
+    ) -> None:
+        self.mirror = mirror
+        self.policy = policy or CompactionPolicy()
+        self.partitions = compacted_partitions(mirror.data_layout, vbuckets)
+        self._files_after_last: int | None = None
+        self.compactions = 0
+
+    def table_files(self) -> int:
+        """Files in the data table's newest version (from Delta's snapshot, no Spark job)."""
+        return int(delta_snapshot(self.mirror.spark, self.mirror.layout.data).numOfFiles())
+
+    def due(self) -> bool:
+        if not self.partitions:
+            return False
+        files = self.table_files()
+        if self._files_after_last is None:
+            self._files_after_last = files
+        allowance = self.policy.files_per_partition * len(self.partitions)
+        return files >= self._files_after_last + allowance
+
+    def compact_if_due(self) -> CompactionOutcome | None:
+        return self.compact() if self.due() else None
+
+    def compact(self) -> CompactionOutcome | None:
+        """Bin-pack this owner's partitions now; None when a concurrent commit got in the way."""
+        layout = self.mirror.data_layout
+        column = layout.partition_column
+        listed = ", ".join(str(p) for p in self.partitions)
+        before = self.table_files()
+        started = time.monotonic()
+        spark = self.mirror.spark
+        try:
+            with SESSION_WRITE_LOCK, delta_write_confs(
+                spark, user_metadata='{"replicator_compaction":1}'
+            ):
+                spark.conf.set(MIN_FILE_SIZE_CONF, str(self.policy.small_file_bytes))
+                spark.conf.set(MAX_DELETED_ROWS_RATIO_CONF, str(self.policy.max_deleted_share))
+                try:
+                    self.mirror.delta().optimize().where(
+                        f"{column} IN ({listed})"
+                    ).executeCompaction()
+                finally:
+                    spark.conf.unset(MIN_FILE_SIZE_CONF)
+                    spark.conf.unset(MAX_DELETED_ROWS_RATIO_CONF)
+        except Exception as exc:
+            if not is_concurrent_modification(exc):
+                raise
+            log.info("compaction gave way to a concurrent commit: %s", engine_error_summary(exc))
+            return None
+        after = self.table_files()
+        self._files_after_last = after
+        self.compactions += 1
+        outcome = CompactionOutcome(before, after, time.monotonic() - started)
+        log.info("compacted %d partitions: %d -> %d files in %.1fs", len(self.partitions),
+                 before, after, outcome.seconds)
+        return outcome

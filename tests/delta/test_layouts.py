@@ -1,0 +1,119 @@
+"""The data table's layouts: mirrors made partitioned by vbucket keep working; compaction."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from chispa import assert_df_equality
+from delta.tables import DeltaTable
+
+from replicator.dcp.positions import FailoverLog
+from replicator.delta.compaction import CompactionPolicy, Compactor
+from replicator.delta.executor import CommitExecutor, WriteStrategy
+from replicator.delta.ownership import OwnersTable
+from replicator.delta.rollback import plan_rollback, rollback_vbucket, time_travel_horizon
+from replicator.delta.schema import DATA_SCHEMA, DataLayout, MirrorConfig
+from replicator.delta.table import open_or_create
+from tests.delta.helpers import UUID, batch, delete, documents, upsert, vbucket_commit
+
+pytestmark = pytest.mark.spark
+
+
+def _create_per_vbucket_mirror(spark: Any, path: Path, config: MirrorConfig) -> None:
+    """A data table as replicators before the grouped layout created it."""
+    builder = (
+        DeltaTable.createIfNotExists(spark)
+        .location(str(path))
+        .addColumns(DATA_SCHEMA)
+        .partitionedBy("vbucket")
+    )
+    for key, value in config.data_table_properties().items():
+        builder = builder.property(key, value)
+    builder.execute()
+
+
+def _data_paths(path: Path, version: int) -> list[str]:
+    log = path / "_delta_log" / f"{version:020d}.json"
+    actions = [json.loads(line) for line in log.read_text().splitlines()]
+    return [a[k]["path"] for a in actions for k in ("add", "remove") if k in a]
+
+
+def test_a_mirror_partitioned_by_vbucket_keeps_working(spark: Any, tmp_path: Path) -> None:
+    path = tmp_path / "older"
+    config = MirrorConfig("travel")
+    _create_per_vbucket_mirror(spark, path, config)
+    mirror = open_or_create(spark, str(path), config)
+    assert mirror.data_layout == DataLayout(None)
+    owners = OwnersTable.of(mirror)
+    claim = owners.claim([1, 2])
+    executor = CommitExecutor(mirror, claim, owners)
+
+    executor.execute(
+        batch(
+            1,
+            vbucket_commit(1, [upsert(1, "a", 1), upsert(1, "b", 2)], seqno=2, first_load=True),
+            vbucket_commit(2, [upsert(2, "z", 1)], seqno=1, first_load=True),
+        )
+    )
+    changes = [upsert(1, "a", 3, '"a3"'), delete(1, "b", 4), upsert(1, "c", 5)]
+    (merge,) = executor.execute(
+        batch(2, vbucket_commit(1, changes, seqno=5, first_load=False, previous_seqno=2))
+    ).commits
+    assert merge.strategy is WriteStrategy.MERGE
+    assert documents(mirror, [1]) == {(1, "a", 3, '"a3"'), (1, "c", 5, '{"v":5}')}
+    assert all(p.startswith("vbucket=1/") for p in _data_paths(path, merge.table_version))
+
+    checkpoints = executor.checkpoints.for_vbucket(1)
+    plan = plan_rollback(checkpoints, 1, 3, horizon=time_travel_horizon(mirror))
+    outcome = rollback_vbucket(
+        executor, plan, batch_id=3, failover_log=FailoverLog.of([(UUID, 0)]), reason="test"
+    )
+    assert outcome.commit is not None and outcome.position.seqno == 2
+    assert documents(mirror, [1]) == {(1, "a", 1, '{"v":1}'), (1, "b", 2, '{"v":2}')}
+    assert documents(mirror, [2]) == {(2, "z", 1, '{"v":1}')}
+    paths = _data_paths(path, outcome.commit.table_version)
+    assert paths and all(p.startswith("vbucket=1/") for p in paths)
+    owners.release(claim)
+
+
+def test_compaction_packs_small_files_of_owned_partitions_and_changes_no_row(
+    spark: Any, tmp_path: Path
+) -> None:
+    path = tmp_path / "compacted"
+    mirror = open_or_create(spark, str(path), MirrorConfig("travel", num_vbuckets=8))
+    owners = OwnersTable.of(mirror)
+    vbuckets = (0, 1)
+    claim = owners.claim(vbuckets)
+    executor = CommitExecutor(mirror, claim, owners)
+    compactor = Compactor(mirror, claim.vbuckets, CompactionPolicy(files_per_partition=2))
+    assert compactor.partitions == [0, 1]  # width 1: every vbucket its own partition
+    executor.execute(
+        batch(1, *(vbucket_commit(vb, [upsert(vb, "k0", 1)], seqno=1, first_load=True)
+                   for vb in vbuckets))
+    )
+    assert not compactor.due()  # the first look only notes where the table stands
+    for n in range(2, 6):
+        changes = [upsert(vb, f"k{n}", n) for vb in vbuckets]
+        executor.execute(
+            batch(n, *(vbucket_commit(vb, changes, seqno=n, first_load=False,
+                                      previous_seqno=n - 1) for vb in vbuckets))
+        )
+    before = mirror.read()
+    expected = spark.createDataFrame(before.collect(), before.schema)
+    files_before = compactor.table_files()
+    assert compactor.due()
+
+    outcome = compactor.compact()
+
+    assert outcome is not None and outcome.files_before == files_before
+    assert outcome.files_after == len(vbuckets)  # one file per partition that has rows
+    assert_df_equality(mirror.read(), expected, ignore_row_order=True)
+    assert not compactor.due()
+    newest = mirror.delta().history(1).first()
+    assert newest is not None and newest["operation"] == "OPTIMIZE"
+    # Not a replicator commit: recovery and audits skip it.
+    assert executor.mirror.find_commit(claim.owner_id, 5, 1) is not None
+    owners.release(claim)
