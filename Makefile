@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: setup jars test test-quick demo bench soak lint clean
+.PHONY: setup jars test test-quick demo bench bench-layouts soak lint clean
 
 setup: $(STAMP) jars
 
@@ -39,6 +39,11 @@ SHARD_PRESET ?= $(if $(filter default,$(PRESET)),quick,$(PRESET))
 bench: setup
 	$(PY) jobs/bench.py --preset $(PRESET)
 	$(PY) jobs/bench.py --two-shards --preset $(SHARD_PRESET)
+
+# The table-layout comparison behind the README's layout decision (about 40 minutes on 2 cores).
+bench-layouts: setup
+	$(PY) -m replicator.bench.layouts --docs 200000 --work-dir bench-output/layouts-work \
+		--output bench-output/layouts.json
 
 # The long fault run: 200 SIGKILLs of a replicator under load, and a 100k-frame codec fuzz.
 soak: setup

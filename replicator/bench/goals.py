@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from replicator.bench.catch_up import CatchUpResult
 from replicator.bench.drain import DrainResult
 from replicator.bench.memory import MemoryResult
 from replicator.bench.rollback import RollbackResult
@@ -15,6 +16,7 @@ LOAD_RATIO_GOAL = 0.8
 STEADY_GOAL_RATE = 20_000
 STEADY_GOAL_P99_MS = 5_000.0
 PEAK_RSS_GOAL_MIB = 2048.0
+CATCH_UP_GOAL_S = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +43,7 @@ def evaluate_goals(
     steady: Sequence[SteadyStateResult],
     memory: MemoryResult | None,
     rollback: RollbackResult | None,
+    catch_up: CatchUpResult | None = None,
 ) -> tuple[GoalCheck, ...]:
     """Judge every goal against the results (None / empty: that measurement did not run)."""
     return (
@@ -50,7 +53,19 @@ def evaluate_goals(
         _steady(steady),
         _memory(memory),
         _rollback(rollback),
+        _catch_up(catch_up),
     )
+
+
+def _catch_up(result: CatchUpResult | None) -> GoalCheck:
+    goal = f"until-caught-up run with changes pending commits and exits in <= {CATCH_UP_GOAL_S:g} s"
+    if result is None:
+        return GoalCheck(goal, "-", None)
+    measured = (
+        f"{result.seconds:.1f} s for {result.changes:,} changes over {result.vbuckets} vbuckets "
+        f"({result.table_versions} table versions, {result.spark_jobs} Spark jobs)"
+    )
+    return GoalCheck(goal, measured, result.caught_up and result.seconds <= CATCH_UP_GOAL_S)
 
 
 def _codec(drain: DrainResult | None) -> GoalCheck:
@@ -115,16 +130,26 @@ def _memory(memory: MemoryResult | None) -> GoalCheck:
     return GoalCheck(goal, measured, passed)
 
 
+ROLLBACK_GOAL_S = 5.0
+
+
 def _rollback(rollback: RollbackResult | None) -> GoalCheck:
-    goal = "one-vbucket rollback touches only that vbucket's files"
+    goal = (
+        f"one-vbucket rollback <= {ROLLBACK_GOAL_S:g} s, touching only files that hold its rows"
+    )
     if rollback is None:
         return GoalCheck(goal, "-", None)
     measured = (
+        f"{rollback.seconds:.1f} s on {rollback.table_rows:,} rows; "
         f"{rollback.files_added} added, {rollback.files_removed} removed, "
-        f"{rollback.change_data_files} cdc; "
-        f"{'all' if rollback.files_only_in_vbucket_partition else 'NOT all'} in vbucket="
-        f"{rollback.vbucket}/"
+        f"{rollback.change_data_files} cdc, {rollback.rows_copied:,} rows copied; "
+        f"{'only' if rollback.files_only_holding_vbucket else 'NOT only'} files holding "
+        f"vbucket {rollback.vbucket}"
     )
     return GoalCheck(
-        goal, measured, rollback.files_only_in_vbucket_partition and rollback.rows_restored
+        goal,
+        measured,
+        rollback.files_only_holding_vbucket
+        and rollback.rows_restored
+        and rollback.seconds <= ROLLBACK_GOAL_S,
     )

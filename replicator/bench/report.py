@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from replicator.bench.catch_up import CatchUpResult
 from replicator.bench.drain import DrainResult
 from replicator.bench.goals import GoalCheck
 from replicator.bench.initial_load import InitialLoadResult
@@ -22,6 +23,7 @@ from replicator.bench.steady_state import SteadyStateResult
 
 SECTIONS = (
     "serve", "drain", "initial_load", "plain_append", "steady_state", "memory", "rollback",
+    "catch_up",
 )  # fmt: skip
 """The measurements of a run, in the order they run and print."""
 
@@ -51,6 +53,7 @@ class BenchReport:
     seconds: float
     failures: Mapping[str, str] = field(default_factory=dict)
     section_seconds: Mapping[str, float] = field(default_factory=dict)
+    catch_up: CatchUpResult | None = None
 
 
 def load_ratio(initial: InitialLoadResult | None, plain: PlainAppendResult | None) -> float | None:
@@ -171,8 +174,18 @@ def measurement_rows(report: BenchReport) -> list[tuple[str, str, str]]:
             f"{r.seconds:.1f} s",
             f"vbucket {r.vbucket} ({r.vbucket_rows:,} rows) seqno {r.from_seqno} -> {r.to_seqno}"
             f" on {r.table_rows:,} rows / {r.table_files:,} files; files +{r.files_added} "
-            f"-{r.files_removed} cdc {r.change_data_files}; only its partition: "
-            f"{r.files_only_in_vbucket_partition}; rows restored: {r.rows_restored}",
+            f"-{r.files_removed} cdc {r.change_data_files}; only files holding it: "
+            f"{r.files_only_holding_vbucket}; rows copied {r.rows_copied:,}; "
+            f"rows restored: {r.rows_restored}",
+        ))
+    if report.catch_up is not None:
+        c = report.catch_up
+        rows.append((
+            f"8. until-caught-up run, {c.changes:,} changes pending",
+            f"{c.seconds:.1f} s",
+            f"{c.items_committed:,} changes committed over {c.vbuckets} vbuckets on a mirror of "
+            f"{c.docs:,} docs; {c.table_versions} table versions, {c.spark_jobs} Spark jobs; "
+            f"caught up: {c.caught_up}",
         ))
     return rows
 

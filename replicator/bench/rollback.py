@@ -4,13 +4,15 @@ On the mirror the initial load built, one more snapshot is committed to one vbuc
 the Delta layer (updates of existing documents and new ones), then that vbucket is rolled back
 to its earlier boundary with `plan_rollback` + `rollback_vbucket`, as the driver does when the
 producer answers ROLLBACK. The rollback commit's add/remove/cdc actions are read from its log
-entry: every file must lie in that vbucket's partition directory.
+entry: every file it removed (or marked with a deletion vector) must have held rows of that
+vbucket, and its operation metrics say how many other rows it copied.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
@@ -48,11 +50,17 @@ class FileActions:
     change_data: tuple[str, ...]
     operation_metrics: dict[str, str]
 
-    def all_under_partition(self, column: str, value: int) -> bool:
-        """True when at least one file was touched and every one sits in `column=value/`."""
-        paths = self.added + self.removed + self.change_data
-        wanted = f"{column}={value}"
-        return bool(paths) and all(wanted in PurePosixPath(p).parts for p in paths)
+    def removed_only_from(self, files: Iterable[str]) -> bool:
+        """True when the commit removed at least one file and only files among `files`
+        (absolute paths or URIs; the log's paths are relative to the table)."""
+        held = [unquote(f) for f in files]
+        return bool(self.removed) and all(
+            any(f.endswith("/" + PurePosixPath(p).as_posix()) for f in held) for p in self.removed
+        )
+
+    def rows_copied(self) -> int:
+        """Rows the commit rewrote without changing them (0 with deletion vectors)."""
+        return int(self.operation_metrics.get("numTargetRowsCopied", "0"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +77,8 @@ class RollbackResult:
     files_added: int
     files_removed: int
     change_data_files: int
-    files_only_in_vbucket_partition: bool
+    files_only_holding_vbucket: bool
+    rows_copied: int
     rows_restored: bool
     operation_metrics: dict[str, str]
 
@@ -134,6 +143,7 @@ def measure_rollback(
     version = outcome.commit.table_version
     entry = Path(mirror_path, "_delta_log", f"{version:020d}.json").read_text()
     actions = commit_file_actions(entry)
+    held = mirror.read(version - 1).where(mirror.data_layout.predicate([vbucket]))
     # One scan of the partition for both checks: its row count and its newest seqno.
     after = (
         mirror.read().where(f"vbucket = {vbucket}")
@@ -151,7 +161,8 @@ def measure_rollback(
         files_added=len(actions.added),
         files_removed=len(actions.removed),
         change_data_files=len(actions.change_data),
-        files_only_in_vbucket_partition=actions.all_under_partition("vbucket", vbucket),
+        files_only_holding_vbucket=actions.removed_only_from(held.inputFiles()),
+        rows_copied=actions.rows_copied(),
         rows_restored=(
             after is not None
             and after["rows"] == vbucket_rows

@@ -19,6 +19,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
+from replicator.bench.catch_up import CatchUpResult, measure_catch_up
 from replicator.bench.drain import DrainResult, measure_drain
 from replicator.bench.goals import evaluate_goals
 from replicator.bench.initial_load import InitialLoadResult, bench_config, measure_initial_load
@@ -126,11 +127,11 @@ def run_suite(
         for section in ("plain_append", "rollback"):
             sections.failures[section] = "not run: it needs the initial load's mirror"
     steady: list[SteadyStateResult] = []
-    for rate in preset.steady_rates:
+    for rate, seed_docs in preset.steady_runs:
         settings = SteadyStateSettings(
             offered_rate=rate,
             window_s=preset.steady_window_s,
-            seed_docs=preset.steady_seed_docs,
+            seed_docs=seed_docs,
             doc_size=preset.doc_size,
             vbuckets=preset.vbuckets,
             commit_interval_s=preset.steady_commit_interval_s,
@@ -143,6 +144,13 @@ def run_suite(
         )  # fmt: skip
         if result is not None:
             steady.append(result)
+    catch_up: CatchUpResult | None = sections.run(
+        "catch_up", f"8. until-caught-up run, {preset.catch_up_changes:,} changes pending",
+        lambda: measure_catch_up(
+            spark, target=str(work / "catch-up"), docs=preset.catch_up_docs,
+            doc_size=preset.doc_size, vbuckets=preset.vbuckets, changes=preset.catch_up_changes,
+        ),
+    )  # fmt: skip
     memory = alongside.join() if alongside is not None else _measure_memory(preset, work, sections)
 
     ratio = load_ratio(initial, plain)
@@ -161,8 +169,10 @@ def run_suite(
         steady_state=tuple(steady),
         memory=memory,
         rollback=rollback,
+        catch_up=catch_up,
         goals=evaluate_goals(
-            drain=drain, load_ratio=ratio, steady=steady, memory=memory, rollback=rollback
+            drain=drain, load_ratio=ratio, steady=steady, memory=memory, rollback=rollback,
+            catch_up=catch_up,
         ),
         load_average_at_end=load_average(),
         seconds=time.perf_counter() - started,

@@ -82,7 +82,8 @@ def test_smoke_numbers_are_sane(smoke_run: tuple[BenchReport, dict[str, Any], Pa
     assert memory["python_peak_rss_mib"] > 0 and memory["jvm_peak_rss_mib"] > 0
     assert memory["snapshot_megabytes"] >= preset.memory_snapshot_factor * preset.memory_budget_mb
     rollback = document["rollback"]
-    assert rollback["files_only_in_vbucket_partition"] is True
+    assert rollback["files_only_holding_vbucket"] is True
+    assert rollback["rows_copied"] == 0
     assert rollback["rows_restored"] is True
     assert rollback["files_added"] + rollback["files_removed"] > 0
     assert rollback["to_seqno"] < rollback["from_seqno"]
@@ -111,24 +112,26 @@ def test_committed_rate_spans_the_commits_bracketing_the_window() -> None:
     assert committed_rate_over(commits[:1], 0, seconds) == 0.0
 
 
-def test_file_actions_outside_the_partition_fail_the_check() -> None:
+def test_a_rollback_that_removes_files_not_holding_the_vbucket_fails_the_check() -> None:
     entry = "\n".join(
         json.dumps(action)
         for action in (
-            {"commitInfo": {"operation": "WRITE", "operationMetrics": {"numFiles": "1"}}},
-            {"add": {"path": "vbucket=3/part-0001.parquet"}},
-            {"remove": {"path": "vbucket%3D3/part-0000.parquet"}},
-            {"cdc": {"path": "_change_data/vbucket=3/cdc-0000.parquet"}},
+            {"commitInfo": {"operation": "MERGE",
+                            "operationMetrics": {"numTargetRowsCopied": "0"}}},
+            {"add": {"path": "vbucket_group=5/part-0001.parquet"}},
+            {"remove": {"path": "vbucket_group%3D5/part-0000.parquet"}},
+            {"cdc": {"path": "_change_data/vbucket_group=5/cdc-0000.parquet"}},
         )
-    )
+    )  # fmt: skip
     actions = commit_file_actions(entry)
-    assert actions.removed == ("vbucket=3/part-0000.parquet",)
-    assert actions.operation_metrics == {"numFiles": "1"}
-    assert actions.all_under_partition("vbucket", 3)
-    assert not actions.all_under_partition("vbucket", 30)
-    stray = commit_file_actions(entry + '\n{"add": {"path": "vbucket=4/part-9.parquet"}}')
-    assert not stray.all_under_partition("vbucket", 3)
-    assert not commit_file_actions("").all_under_partition("vbucket", 3)
+    assert actions.removed == ("vbucket_group=5/part-0000.parquet",)
+    assert actions.rows_copied() == 0
+    holding = ["file:/t/vbucket_group=5/part-0000.parquet", "file:/t/vbucket_group=5/x.parquet"]
+    assert actions.removed_only_from(holding)
+    assert not actions.removed_only_from(["file:/t/vbucket_group=5/x.parquet"])
+    stray = commit_file_actions(entry + '\n{"remove": {"path": "vbucket_group=6/p-9.parquet"}}')
+    assert not stray.removed_only_from(holding)
+    assert not commit_file_actions("").removed_only_from(holding)
 
 
 def _steady(**overrides: Any) -> SteadyStateResult:
@@ -191,11 +194,13 @@ def test_memory_and_rollback_goals_need_a_complete_run() -> None:
             jvm_peak_rss_mib=900.0, peak_staged_mib=30.0,
         )  # fmt: skip
 
-    def rollback(*, only_partition: bool, restored: bool) -> RollbackResult:
+    def rollback(
+        *, only_partition: bool, restored: bool, seconds: float = 1.0
+    ) -> RollbackResult:
         return RollbackResult(
             vbucket=3, table_rows=100, table_files=10, vbucket_rows=10, from_seqno=20,
-            to_seqno=10, seconds=1.0, files_added=1, files_removed=1, change_data_files=1,
-            files_only_in_vbucket_partition=only_partition, rows_restored=restored,
+            to_seqno=10, seconds=seconds, files_added=1, files_removed=1, change_data_files=1,
+            files_only_holding_vbucket=only_partition, rows_copied=0, rows_restored=restored,
             operation_metrics={},
         )  # fmt: skip
 
@@ -214,6 +219,8 @@ def test_memory_and_rollback_goals_need_a_complete_run() -> None:
     assert verdicts(
         memory(python_mib=500.0, complete=False), rollback(only_partition=True, restored=False)
     ) == ("MISS", "MISS")
+    slow = rollback(only_partition=True, restored=True, seconds=5.5)
+    assert verdicts(memory(python_mib=500.0), slow) == ("PASS", "MISS")
 
 
 def test_two_shard_bench_removes_its_work_unless_kept_or_failed(
