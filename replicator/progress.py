@@ -60,6 +60,11 @@ class ProgressReporter:
         self._last_items = 0
         self._last_time = self._started
 
+    def due(self) -> bool:
+        """Whether `update` would show anything now: callers skip building a snapshot (a sum
+        over every vbucket) on the steps in between."""
+        return self.mode != "off" and self._clock() - self._last_render >= self._interval
+
     def update(self, snapshot: ProgressSnapshot, *, force: bool = False) -> None:
         now = self._clock()
         if self.mode == "off" or (not force and now - self._last_render < self._interval):

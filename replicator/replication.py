@@ -582,7 +582,7 @@ class Replication:
             self._pending_logs.clear()
 
     def _report(self, *, force: bool = False) -> None:
-        if self._progress is None:
+        if self._progress is None or not (force or self._progress.due()):
             return
         target_total = sum(s.target_seqno or s.committed.seqno for s in self._state.values())
         committed_total = sum(s.committed.seqno for s in self._state.values())

@@ -30,6 +30,19 @@ def test_lines_mode_throttles_and_reports_rate_and_lag() -> None:
     assert "items=1000" in lines[1] and "rate=50/s" in lines[1]
 
 
+def test_due_says_when_an_update_would_show_so_snapshots_are_built_only_then() -> None:
+    out, clock = io.StringIO(), ManualClock()
+    reporter = ProgressReporter("lines", stream=out, interval_s=10, clock=clock)
+    clock.now = 10
+    assert reporter.due()
+    reporter.update(snapshot(500))
+    clock.now = 15
+    assert not reporter.due()
+    clock.now = 20
+    assert reporter.due()
+    assert not ProgressReporter("off", stream=out, clock=clock).due()
+
+
 def test_bar_shows_fraction_and_eta() -> None:
     out, clock = io.StringIO(), ManualClock()
     reporter = ProgressReporter("bar", stream=out, clock=clock)
