@@ -767,17 +767,12 @@ def test_change_data_feed_reads_the_same_in_both_engines_outside_rollbacks(
     }
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,  # the known mismatch only: an error reading either feed still fails
-    reason="deltalake 1.6.6 load_cdf inverts the deletion vector of a removed file: a rollback "
-    "commit (replaceWhere over a partition whose file has a DV) reports the DV-deleted rows as "
-    "deleted instead of the live ones. Read the change feed with Spark (changes_between).",
-)
 @pytest.mark.spark
 def test_change_data_feed_of_a_rollback_commit_reads_the_same_in_both_engines(
     spark: Any, scenario: AuditScenario
 ) -> None:
+    # A rollback is a MERGE of the difference. It was a replaceWhere over a partition whose file
+    # had a deletion vector, whose feed deltalake 1.6.6 read wrong (it inverted the vector).
     expected, actual = change_feeds(spark, scenario, rollback_commits=True)
 
     assert expected, "the scenario has a rollback commit"
