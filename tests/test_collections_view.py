@@ -24,7 +24,7 @@ from replicator.collections_view import (
 from replicator.dcp.positions import VbucketPosition
 from replicator.delta.checkpoints import CheckpointsTable
 from replicator.delta.schema import DATA_SCHEMA, CommitMetadata, MirrorConfig
-from replicator.delta.table import open_or_create
+from replicator.delta.table import CommitRecord, open_or_create
 from replicator.errors import ConfigError
 
 pytestmark = pytest.mark.spark
@@ -75,9 +75,10 @@ def mirror(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> str:
     spark.createDataFrame(rows, DATA_SCHEMA).write.format("delta").mode("append").save(target)
     spark.sql(f"DELETE FROM delta.`{target}` WHERE key = 'order::2'")
     positions = {vb: VbucketPosition.at_boundary(vb, 7, 40) for vb in range(4)}
-    CheckpointsTable.of(mirror_table).record(
-        CommitMetadata("commit", 1, 0, "vb0-3", "append", positions), 1, datetime.now(UTC)
-    )
+    CheckpointsTable.of(mirror_table).record([
+        CommitRecord(1, datetime.now(UTC),
+                     CommitMetadata("commit", 1, 0, "vb0-3", "append", positions))
+    ])  # fmt: skip
     return target
 
 
