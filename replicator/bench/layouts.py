@@ -39,7 +39,16 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from replicator.delta.schema import DATA_SCHEMA
+from replicator.delta.compaction import MIN_FILE_SIZE_CONF, CompactionPolicy
+from replicator.delta.schema import (
+    DATA_COLUMNS,
+    DATA_SCHEMA,
+    DELETE,
+    UPSERT,
+    VBUCKET_GROUP,
+    DataLayout,
+    vbucket_group_width,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, Row, SparkSession
@@ -48,20 +57,17 @@ T = TypeVar("T")
 LoadAvg = tuple[float, float, float]
 
 NUM_VBUCKETS = 1024
-GROUP_WIDTH = 64
-"""Vbuckets per `vbucket_group` partition: 16 partitions at 1024 vbuckets."""
-GROUP_COLUMN = "vbucket_group"
-GROUP_EXPRESSION = f"CAST(vbucket DIV {GROUP_WIDTH} AS INT)"
+GROUP_LAYOUT = DataLayout(vbucket_group_width(NUM_VBUCKETS))
+GROUP_WIDTH = vbucket_group_width(NUM_VBUCKETS)
+"""Vbuckets per `vbucket_group` partition, as the mirror has them: 16 partitions at 1024."""
+GROUP_COLUMN = VBUCKET_GROUP
+GROUP_EXPRESSION = GROUP_LAYOUT.generation_expression()
 ROLLBACK_VBUCKET = 341
 TABLE_PROPERTIES = {
     "delta.enableDeletionVectors": "true",
     "delta.enableChangeDataFeed": "true",
 }
-MIN_FILE_SIZE_CONF = "spark.databricks.delta.optimize.minFileSize"
-SMALL_FILE_BYTES = 16 * 1024 * 1024
-DATA_COLUMNS: tuple[str, ...] = tuple(f.name for f in DATA_SCHEMA.fields)
-UPSERT = "upsert"
-DELETE = "delete"
+SMALL_FILE_BYTES = CompactionPolicy().small_file_bytes
 
 DOC_FIELDS = 13
 """Fields of 64 hex characters in a generated JSON document: about 1 KB of text."""
