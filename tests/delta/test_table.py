@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 from delta.tables import DeltaTable
-
 from pyspark.sql.types import IntegerType
 
 from replicator.delta.schema import DATA_SCHEMA, DataLayout, MirrorConfig
