@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from replicator.delta.table import (
-    SESSION_WRITE_LOCK,
     MirrorTable,
     delta_snapshot,
     delta_write_confs,
@@ -125,9 +124,8 @@ class Compactor:
         started = time.monotonic()
         spark = self.mirror.spark
         try:
-            with SESSION_WRITE_LOCK, delta_write_confs(
-                spark, user_metadata='{"replicator_compaction":1}'
-            ):
+            # delta_write_confs holds the session write lock, which the OPTIMIZE confs need too.
+            with delta_write_confs(spark, user_metadata='{"replicator_compaction":1}'):
                 spark.conf.set(MIN_FILE_SIZE_CONF, str(self.policy.small_file_bytes))
                 spark.conf.set(MAX_DELETED_ROWS_RATIO_CONF, str(self.policy.max_deleted_share))
                 try:

@@ -15,7 +15,7 @@ from replicator.delta.compaction import CompactionPolicy, Compactor
 from replicator.delta.executor import CommitExecutor, WriteStrategy
 from replicator.delta.ownership import OwnersTable
 from replicator.delta.rollback import plan_rollback, rollback_vbucket, time_travel_horizon
-from replicator.delta.schema import DATA_SCHEMA, DataLayout, MirrorConfig
+from replicator.delta.schema import DATA_SCHEMA, CommitMetadata, DataLayout, MirrorConfig
 from replicator.delta.table import open_or_create
 from tests.delta.helpers import UUID, batch, delete, documents, upsert, vbucket_commit
 
@@ -115,5 +115,5 @@ def test_compaction_packs_small_files_of_owned_partitions_and_changes_no_row(
     newest = mirror.delta().history(1).first()
     assert newest is not None and newest["operation"] == "OPTIMIZE"
     # Not a replicator commit: recovery and audits skip it.
-    assert executor.mirror.find_commit(claim.owner_id, 5, 1) is not None
+    assert newest["userMetadata"] and CommitMetadata.from_json(newest["userMetadata"]) is None
     owners.release(claim)
