@@ -239,25 +239,26 @@ class CommitExecutor:
         and the dropped collection's rows are removed as a whole.
         """
         # One DataFrame per source, not per vbucket: each createDataFrame or file scan is a
-        # fixed cost, and a union of hundreds of them plans and schedules slowly.
-        deduplicated: list[pa.Table] = []
+        # fixed cost, and a union of hundreds of them plans and schedules slowly. Likewise one
+        # concatenation and one deduplication for all in-memory vbuckets.
+        in_memory: list[pa.Table] = []
         spilled_in_memory: list[pa.Table] = []
         spill_files: list[str] = []
         for commit in commits:
-            table = _concat(commit.tables)
             if commit.spill_files:
                 spill_files.extend(commit.spill_files)
-                if table.num_rows:
-                    spilled_in_memory.append(table)
-            elif table.num_rows:
-                deduplicated.append(deduplicate_changes(table))
+                spilled_in_memory.extend(commit.tables)
+            else:
+                in_memory.extend(commit.tables)
         frames: list[DataFrame] = []
-        if deduplicated:
-            frames.append(self._frame_of(_concat(deduplicated)))
+        deduplicated = deduplicate_changes(_concat(in_memory))
+        if deduplicated.num_rows:
+            frames.append(self._frame_of(deduplicated))
         if spill_files:
             parts = [self.spark.read.schema(CHANGE_SCHEMA).parquet(*_uris(spill_files))]
-            if spilled_in_memory:
-                parts.append(self._frame_of(_concat(spilled_in_memory)))
+            spilled_table = _concat(spilled_in_memory)
+            if spilled_table.num_rows:
+                parts.append(self._frame_of(spilled_table))
             frames.append(_latest_per_document(_union(parts)))
         if not frames:
             return self.spark.createDataFrame([], CHANGE_SCHEMA)

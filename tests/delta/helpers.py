@@ -88,7 +88,7 @@ def vbucket_commit(
         tables=(table,) if table.num_rows else (),
         spill_files=tuple(spill_files),
         row_count=table.num_rows,
-        byte_count=table.nbytes,
+        byte_count=table.get_total_buffer_size(),
         staged_run_ids=(0,),
         dropped_collection_ids=tuple(dropped_collection_ids),
     )

@@ -295,6 +295,16 @@ def test_dedup_handles_chunked_tables_and_trivial_sizes() -> None:
     assert deduplicate_changes(second)["seqno"].to_pylist() == [3]
 
 
+def test_dedup_keeps_each_vbuckets_row_of_a_key_in_one_pass() -> None:
+    table = change_table([(0, "a", 3), (0, "a", 4), (0, "b", 1), (0, "a", 2), (0, "a", 1)])
+    vbuckets = pa.array([7, 7, 7, 2, 2], pa.int32())
+    table = table.set_column(0, CHANGE_SCHEMA.field("vbucket"), vbuckets)
+    result = deduplicate_changes(table)
+    assert [(row["vbucket"], row["key"], row["seqno"]) for row in result.to_pylist()] == [
+        (2, "a", 2), (7, "a", 4), (7, "b", 1)
+    ]
+
+
 def test_dedup_names_missing_columns() -> None:
     with pytest.raises(ValueError, match="'key'"):
         deduplicate_changes(pa.table({"collection_id": [1], "seqno": [1]}))

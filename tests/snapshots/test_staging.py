@@ -29,6 +29,7 @@ from replicator.snapshots.staging import (
     StagingError,
     StreamStager,
     read_spill_file,
+    staged_size,
     write_spill_file,
 )
 from tests.clocks import ManualClock
@@ -74,7 +75,7 @@ def seqnos_of(table: pa.Table) -> list[int]:
 
 def test_snapshot_four_times_the_budget_spills_and_stays_within_budget(tmp_path: Path) -> None:
     chunk = rows(1, range(1, 21))
-    budget = 4 * chunk.nbytes + chunk.nbytes // 2
+    budget = 4 * staged_size(chunk) + staged_size(chunk) // 2
     stager = Stager(tmp_path / "run", memory_budget_bytes=budget)
     total = 0
     seqno = 1
@@ -82,9 +83,9 @@ def test_snapshot_four_times_the_budget_spills_and_stays_within_budget(tmp_path:
         batch = rows(1, range(seqno, seqno + 20))
         stager.stage_rows(1, batch)
         seqno += 20
-        total += batch.nbytes
+        total += staged_size(batch)
         assert stager.buffered_bytes <= budget
-    assert stager.peak_buffered_bytes <= budget + chunk.nbytes
+    assert stager.peak_buffered_bytes <= budget + staged_size(chunk)
     assert stager.spilled_bytes > 0
     assert len(spill_paths(tmp_path / "run")) >= 3
     # Pending rows of an incomplete snapshot are not ready.
@@ -169,7 +170,7 @@ def test_rows_larger_than_the_budget_go_straight_to_disk(tmp_path: Path) -> None
 def test_the_largest_vbucket_is_spilled_first(tmp_path: Path) -> None:
     small = rows(1, range(1, 3))
     large = rows(2, range(1, 31))
-    stager = Stager(tmp_path, memory_budget_bytes=small.nbytes + large.nbytes + 10)
+    stager = Stager(tmp_path, memory_budget_bytes=staged_size(small) + staged_size(large) + 10)
     stager.stage_rows(1, small)
     stager.stage_rows(2, large)
     stager.complete_snapshot(snapshot(2, 1, 30))
@@ -177,7 +178,7 @@ def test_the_largest_vbucket_is_spilled_first(tmp_path: Path) -> None:
     stager.stage_rows(1, rows(1, range(3, 5)))
     [run] = stager.ready(2)
     assert run.tables == () and len(run.spill_files) == 1
-    assert stager.buffered_bytes == small.nbytes + rows(1, range(3, 5)).nbytes
+    assert stager.buffered_bytes == staged_size(small) + staged_size(rows(1, range(3, 5)))
     assert all(path.name.startswith("vb0002-") for path in spill_paths(tmp_path))
 
 
@@ -209,7 +210,7 @@ def test_rows_of_another_schema_are_refused(tmp_path: Path) -> None:
 
 
 def test_discard_drops_pending_and_ready_rows_and_their_files(tmp_path: Path) -> None:
-    stager = Stager(tmp_path, memory_budget_bytes=rows(5, range(1, 11)).nbytes)
+    stager = Stager(tmp_path, memory_budget_bytes=staged_size(rows(5, range(1, 11))))
     stager.stage_rows(5, rows(5, range(1, 11)))
     stager.complete_snapshot(snapshot(5, 1, 10))
     stager.stage_rows(5, rows(5, range(11, 21)))  # spills the ready run
@@ -219,7 +220,7 @@ def test_discard_drops_pending_and_ready_rows_and_their_files(tmp_path: Path) ->
     assert stager.ready(5) == () and stager.pending_rows(5) == 0
     assert spill_paths(tmp_path) == []
     assert stager.spilled_bytes == 0
-    assert stager.buffered_bytes == rows(6, range(1, 3)).nbytes
+    assert stager.buffered_bytes == staged_size(rows(6, range(1, 3)))
     assert stager.pending_rows(6) == 2
 
 
@@ -266,7 +267,7 @@ def test_release_deletes_the_committed_rows_only(tmp_path: Path) -> None:
 
 def test_claimed_rows_are_not_spilled(tmp_path: Path) -> None:
     first = rows(7, range(1, 5))
-    stager = Stager(tmp_path, memory_budget_bytes=first.nbytes + 1)
+    stager = Stager(tmp_path, memory_budget_bytes=staged_size(first) + 1)
     stager.stage_rows(7, first)
     stager.complete_snapshot(snapshot(7, 1, 4))
     batch = plan(stager, 1)
@@ -274,7 +275,7 @@ def test_claimed_rows_are_not_spilled(tmp_path: Path) -> None:
     stager.stage_rows(8, rows(8, range(1, 3)))  # no room: goes to disk, the claimed run stays
     [claimed] = stager.ready(7)
     assert claimed.spill_files == () and claimed.claimed_by == 1
-    assert stager.pending_rows(8) == 2 and stager.buffered_bytes == first.nbytes
+    assert stager.pending_rows(8) == 2 and stager.buffered_bytes == staged_size(first)
 
 
 def test_release_of_a_batch_without_a_vbucket_unclaims_that_vbucket(tmp_path: Path) -> None:
@@ -304,7 +305,7 @@ def test_claim_refuses_a_stale_batch(tmp_path: Path) -> None:
 def test_disk_full_while_spilling_raises_and_registers_nothing(tmp_path: Path) -> None:
     ready, pending = rows(9, range(1, 11)), rows(9, range(11, 21))
     writer = FailingWriter(fail_on=2)
-    budget = ready.nbytes + pending.nbytes + 1
+    budget = staged_size(ready) + staged_size(pending) + 1
     stager = Stager(tmp_path, memory_budget_bytes=budget, spill_writer=writer)
     stager.stage_rows(9, ready)
     stager.complete_snapshot(snapshot(9, 1, 10))
@@ -365,7 +366,7 @@ def test_unusable_staging_directory_raises_a_staging_error(tmp_path: Path) -> No
 
 
 def test_stream_stager_stages_a_backfill_larger_than_memory(tmp_path: Path) -> None:
-    one_chunk = rows(0, range(1, 65), value_size=300).nbytes
+    one_chunk = staged_size(rows(0, range(1, 65), value_size=300))
     stager = Stager(tmp_path, memory_budget_bytes=one_chunk * 2)
     stream = StreamStager(stager, CONVERTER, chunk_rows=64, chunk_bytes=1 << 30)
     last = 64 * 8  # eight chunks: four times the budget
@@ -378,6 +379,8 @@ def test_stream_stager_stages_a_backfill_larger_than_memory(tmp_path: Path) -> N
     assert done is not None and done.end_seqno == last and done.items == ()
     assert stager.peak_buffered_bytes <= stager.memory_budget_bytes + one_chunk
     assert stager.spilled_bytes > 0
+    assert stager.ready(0) == ()  # ready once flushed: the caller flushes per polled batch
+    stream.flush()
     [run] = stager.ready(0)
     assert seqnos_of(run.read_rows()) == list(range(1, last + 1))
 
@@ -414,6 +417,76 @@ def test_stream_stager_drops_the_partial_of_a_failed_stream(tmp_path: Path) -> N
     assert len(spill_paths(tmp_path)) == 1
 
 
+def test_stream_stager_converts_all_vbuckets_at_once_and_splits_them_by_snapshot(
+    tmp_path: Path,
+) -> None:
+    stager = Stager(tmp_path)
+    stream = StreamStager(stager, CONVERTER)
+    events: list[StreamEvent] = [
+        SnapshotMarker(5, 1, 2, SnapshotFlags.MEMORY),
+        SnapshotMarker(3, 1, 1, SnapshotFlags.MEMORY),
+        mutation(5, 1),
+        mutation(3, 1),  # completes vbucket 3's first snapshot
+        SnapshotMarker(3, 2, 3, SnapshotFlags.MEMORY),
+        mutation(5, 2),  # completes vbucket 5's
+        mutation(3, 2),
+        mutation(3, 3),  # completes vbucket 3's second
+        SnapshotMarker(3, 4, 9, SnapshotFlags.MEMORY),
+        mutation(3, 4),  # open
+    ]
+    completed = [done for event in events if (done := stream.feed(event)) is not None]
+    assert [(c.vbucket, c.end_seqno) for c in completed] == [(3, 1), (5, 2), (3, 3)]
+    assert stager.ready_snapshots() == {} and stream.chunked_bytes > 0
+    stream.flush()
+    assert stream.chunked_bytes == 0
+    [run3] = stager.ready(3)  # consecutive snapshots of a vbucket are one run
+    assert (run3.start_seqno, run3.end_seqno, run3.snapshot_count) == (1, 3, 2)
+    assert seqnos_of(run3.read_rows()) == [1, 2, 3]
+    assert set(run3.read_rows()["vbucket"].to_pylist()) == {3}
+    [run5] = stager.ready(5)
+    assert seqnos_of(run5.read_rows()) == [1, 2]
+    assert stager.pending_rows(3) == 1 and stager.pending_rows(5) == 0
+
+
+def test_stream_stager_keeps_a_snapshot_completed_before_its_stream_failed(
+    tmp_path: Path,
+) -> None:
+    stager = Stager(tmp_path)
+    stream = StreamStager(stager, CONVERTER)
+    for event in (
+        SnapshotMarker(0, 1, 1, SnapshotFlags.MEMORY),
+        mutation(0, 1),
+        SnapshotMarker(0, 2, 5, SnapshotFlags.MEMORY),
+        mutation(0, 2),
+        StreamEnd(0, StreamEndReason.TOO_SLOW),
+    ):
+        stream.feed(event)
+    assert stager.pending_rows(0) == 0 and stream.chunked_bytes == 0
+    [run] = stager.ready(0)
+    assert run.end_seqno == 1 and seqnos_of(run.read_rows()) == [1]
+
+
+def test_stream_stager_copies_many_small_slices_of_an_open_snapshot_into_one(
+    tmp_path: Path,
+) -> None:
+    stager = Stager(tmp_path)
+    stream = StreamStager(stager, CONVERTER)
+    stream.feed(SnapshotMarker(0, 1, 100, SnapshotFlags.DISK))
+    stream.feed(SnapshotMarker(1, 1, 100, SnapshotFlags.DISK))
+    for seqno in range(1, 41):  # one row of each vbucket per flush, as in a polled batch
+        stream.feed(mutation(0, seqno))
+        stream.feed(mutation(1, seqno))
+        stream.flush()
+    for seqno in range(41, 101):  # the rest of vbucket 0's snapshot, in one chunk
+        stream.feed(mutation(0, seqno))
+    stream.flush()
+    [run] = stager.ready(0)
+    assert seqnos_of(run.read_rows()) == list(range(1, 101))
+    # 40 one-row slices became two copies of 16 and 8 slices; the rest came as one slice.
+    assert len(run.tables) == 11
+    assert stager.pending_rows(1) == 40
+
+
 def test_stream_stager_discard_drops_everything_of_the_vbucket(tmp_path: Path) -> None:
     stager = Stager(tmp_path)
     stream = StreamStager(stager, CONVERTER)
@@ -445,6 +518,7 @@ def test_stream_stager_names_rows_from_system_events(tmp_path: Path) -> None:
     item = Mutation(0, 2, 1, 1, 0, 0, 0, 9, b"o-1", b"{}", True)
     done = stream.feed(item)
     assert done is not None and done.manifest_uid == 3
+    stream.flush()
     table = stager.ready(0)[0].read_rows()
     assert table["collection"].to_pylist() == ["orders"]
     assert pc.all(pc.equal(table["collection_id"], 9)).as_py()
