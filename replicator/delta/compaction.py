@@ -3,9 +3,13 @@
 Every group commit adds about one file per partition it touches, and every MERGE marks rows of
 older files with deletion vectors. Left alone, files pile up and each MERGE reads more of them.
 The replicator therefore compacts its own partitions on its commit thread, after a data commit,
-so a compaction never races its own MERGEs: bin-packing of the small files only (those under
-`small_file_bytes`) and of files whose deleted rows passed `max_deleted_share`. Large, healthy
-files are left as they are, so a compaction costs what the recent commits wrote, not the table.
+so a compaction never races its own MERGEs.
+
+Compactions are tiered, so that their cost follows the changes rather than the table: a
+*minor* compaction bin-packs only the files smaller than a share of a partition's size (the
+recent commits' files) and the files whose deleted rows passed `max_deleted_share`; when files
+of the owned partitions still number more than `max_files_per_partition` each, a *full*
+compaction packs each partition into one file. The first compaction of a run is full.
 
 Shards: a partition is compacted by the owner of its first vbucket only, so no two shards compact
 one partition; a compaction that still meets a concurrent commit gives way (it is retried at the
@@ -42,22 +46,43 @@ class CompactionPolicy:
     """When and what to compact.
 
     A compaction is due once the table holds `files_per_partition` x the partitions this owner
-    compacts more files than right after its last compaction.
+    compacts more files than right after its last compaction. A minor compaction takes files
+    under `small_share` of a partition's size (as measured after the last full compaction),
+    and at least those under `small_file_bytes`.
     """
 
-    small_file_bytes: int = 16 * 1024 * 1024
+    small_file_bytes: int = 1024 * 1024
+    small_share: float = 0.25
     max_deleted_share: float = 0.3
     files_per_partition: int = 2
+    max_files_per_partition: int = 3
 
     def __post_init__(self) -> None:
         if self.small_file_bytes < 1:
             raise ValueError(f"small_file_bytes must be positive, got {self.small_file_bytes}")
+        if not 0 < self.small_share <= 1:
+            raise ValueError(f"small_share must be in (0, 1], got {self.small_share}")
         if not 0 < self.max_deleted_share <= 1:
             raise ValueError(f"max_deleted_share must be in (0, 1], got {self.max_deleted_share}")
-        if self.files_per_partition < 1:
+        if self.files_per_partition < 1 or self.max_files_per_partition < 1:
             raise ValueError(
-                f"files_per_partition must be at least 1, got {self.files_per_partition}"
+                "files_per_partition and max_files_per_partition must be at least 1, got "
+                f"{self.files_per_partition} and {self.max_files_per_partition}"
             )
+
+    def minor_file_bytes(self, partition_bytes: float) -> int:
+        """Files below this size are taken by a minor compaction (pure).
+
+        >>> CompactionPolicy().minor_file_bytes(64 * 2**20) // 2**20
+        16
+        >>> CompactionPolicy().minor_file_bytes(100_000)
+        1048576
+        """
+        return max(self.small_file_bytes, int(partition_bytes * self.small_share))
+
+
+FULL_COMPACTION_FILE_BYTES = 1024 * 1024 * 1024
+"""A full compaction takes files up to OPTIMIZE's target file size (1 GiB): all of them."""
 
 
 def compacted_partitions(layout: DataLayout, vbuckets: Iterable[int]) -> list[int]:
@@ -77,11 +102,12 @@ def compacted_partitions(layout: DataLayout, vbuckets: Iterable[int]) -> list[in
 
 @dataclass(frozen=True, slots=True)
 class CompactionOutcome:
-    """One compaction: table files before and after, and how long it took."""
+    """One compaction: table files before and after, whether it was full, how long it took."""
 
     files_before: int
     files_after: int
     seconds: float
+    full: bool = False
 
 
 class Compactor:
@@ -97,11 +123,19 @@ class Compactor:
         self.policy = policy or CompactionPolicy()
         self.partitions = compacted_partitions(mirror.data_layout, vbuckets)
         self._files_after_last: int | None = None
+        self._partition_bytes: float | None = None
         self.compactions = 0
+        self.full_compactions = 0
 
     def table_files(self) -> int:
         """Files in the data table's newest version (from Delta's snapshot, no Spark job)."""
         return int(delta_snapshot(self.mirror.spark, self.mirror.layout.data).numOfFiles())
+
+    def owned_files(self) -> int:
+        """Files in the partitions this owner compacts."""
+        column = self.mirror.data_layout.partition_column
+        listed = ", ".join(str(p) for p in self.partitions)
+        return len(self.mirror.read().where(f"{column} IN ({listed})").inputFiles())
 
     def due(self) -> bool:
         if not self.partitions:
@@ -116,17 +150,44 @@ class Compactor:
         return self.compact() if self.due() else None
 
     def compact(self) -> CompactionOutcome | None:
-        """Bin-pack this owner's partitions now; None when a concurrent commit got in the way."""
-        layout = self.mirror.data_layout
-        column = layout.partition_column
-        listed = ", ".join(str(p) for p in self.partitions)
+        """Compact this owner's partitions now (minor, or full when needed); None when a
+        concurrent commit got in the way."""
         before = self.table_files()
         started = time.monotonic()
+        full = self._partition_bytes is None
+        if not full:
+            assert self._partition_bytes is not None
+            if not self._optimize(self.policy.minor_file_bytes(self._partition_bytes)):
+                return None
+            limit = self.policy.max_files_per_partition * len(self.partitions)
+            full = self.owned_files() > limit
+        if full:
+            if not self._optimize(FULL_COMPACTION_FILE_BYTES):
+                return None
+            snapshot = delta_snapshot(self.mirror.spark, self.mirror.layout.data)
+            self._partition_bytes = int(snapshot.sizeInBytes()) / max(
+                int(snapshot.numOfFiles()), 1
+            )
+            self.full_compactions += 1
+        after = self.table_files()
+        self._files_after_last = after
+        self.compactions += 1
+        outcome = CompactionOutcome(before, after, time.monotonic() - started, full)
+        log.info("%s compaction of %d partitions: %d -> %d files in %.1fs",
+                 "full" if full else "minor", len(self.partitions), before, after,
+                 outcome.seconds)
+        return outcome
+
+    def _optimize(self, min_file_bytes: int) -> bool:
+        """Bin-pack the owned partitions' files under `min_file_bytes` (and those with too many
+        deleted rows); False when a concurrent commit got in the way."""
+        column = self.mirror.data_layout.partition_column
+        listed = ", ".join(str(p) for p in self.partitions)
         spark = self.mirror.spark
         try:
             # delta_write_confs holds the session write lock, which the OPTIMIZE confs need too.
             with delta_write_confs(spark, user_metadata='{"replicator_compaction":1}'):
-                spark.conf.set(MIN_FILE_SIZE_CONF, str(self.policy.small_file_bytes))
+                spark.conf.set(MIN_FILE_SIZE_CONF, str(min_file_bytes))
                 spark.conf.set(MAX_DELETED_ROWS_RATIO_CONF, str(self.policy.max_deleted_share))
                 try:
                     self.mirror.delta().optimize().where(
@@ -139,11 +200,5 @@ class Compactor:
             if not is_concurrent_modification(exc):
                 raise
             log.info("compaction gave way to a concurrent commit: %s", engine_error_summary(exc))
-            return None
-        after = self.table_files()
-        self._files_after_last = after
-        self.compactions += 1
-        outcome = CompactionOutcome(before, after, time.monotonic() - started)
-        log.info("compacted %d partitions: %d -> %d files in %.1fs", len(self.partitions),
-                 before, after, outcome.seconds)
-        return outcome
+            return False
+        return True

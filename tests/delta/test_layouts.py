@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -116,4 +117,61 @@ def test_compaction_packs_small_files_of_owned_partitions_and_changes_no_row(
     assert newest is not None and newest["operation"] == "OPTIMIZE"
     # Not a replicator commit: recovery and audits skip it.
     assert newest["userMetadata"] and CommitMetadata.from_json(newest["userMetadata"]) is None
+    owners.release(claim)
+
+
+def _large_doc(n: int) -> str:
+    return json.dumps({"n": n, "pad": os.urandom(400).hex()})
+
+
+def test_a_minor_compaction_packs_recent_files_and_leaves_large_ones(
+    spark: Any, tmp_path: Path
+) -> None:
+    mirror = open_or_create(spark, str(tmp_path / "tiers"), MirrorConfig("travel", num_vbuckets=8))
+    owners = OwnersTable.of(mirror)
+    vbuckets = (0, 1)
+    claim = owners.claim(vbuckets)
+    executor = CommitExecutor(mirror, claim, owners)
+    compactor = Compactor(mirror, claim.vbuckets, CompactionPolicy(small_file_bytes=1))
+    stricter = Compactor(
+        mirror, claim.vbuckets, CompactionPolicy(small_file_bytes=1, max_files_per_partition=1)
+    )
+    base = [[upsert(vb, f"k{i}", i + 1, _large_doc(i)) for i in range(200)] for vb in vbuckets]
+    executor.execute(batch(1, *(vbucket_commit(vb, base[vb], seqno=200, first_load=True)
+                                for vb in vbuckets)))
+    seqno = 200
+
+    def small_commits(count: int) -> None:
+        nonlocal seqno
+        for _ in range(count):
+            seqno += 1
+            executor.execute(batch(seqno, *(
+                vbucket_commit(vb, [upsert(vb, f"k{seqno % 50}", seqno)], seqno=seqno,
+                               first_load=False, previous_seqno=seqno - 1)
+                for vb in vbuckets
+            )))
+
+    small_commits(2)
+    first = compactor.compact()
+    assert first is not None and first.full and first.files_after == len(vbuckets)
+    large = set(mirror.read().inputFiles())
+    small_commits(3)
+    expected = spark.createDataFrame(mirror.read().collect(), mirror.read().schema)
+
+    minor = compactor.compact()
+
+    assert minor is not None and not minor.full
+    # Each partition: its large file, untouched, and one file packed from the three small ones.
+    assert minor.files_after == 2 * len(vbuckets)
+    assert large <= set(mirror.read().inputFiles())
+    assert_df_equality(mirror.read(), expected, ignore_row_order=True)
+
+    assert stricter.compact() is not None  # its first: full
+    small_commits(2)
+    before = spark.createDataFrame(mirror.read().collect(), mirror.read().schema)
+    escalated = stricter.compact()
+    # The minor pass leaves two files a partition, above that policy's one: a full pass follows.
+    assert escalated is not None and escalated.full
+    assert escalated.files_after == len(vbuckets) and stricter.full_compactions == 2
+    assert_df_equality(mirror.read(), before, ignore_row_order=True)
     owners.release(claim)
