@@ -17,6 +17,8 @@ STEADY_GOAL_RATE = 20_000
 STEADY_GOAL_P99_MS = 5_000.0
 PEAK_RSS_GOAL_MIB = 2048.0
 CATCH_UP_GOAL_S = 10.0
+FILES_GOAL_RATIO = 4.0
+FILES_GOAL_WINDOW_S = 1800.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +53,7 @@ def evaluate_goals(
         _drain(drain),
         _load(load_ratio),
         _steady(steady),
+        _files(steady),
         _memory(memory),
         _rollback(rollback),
         _catch_up(catch_up),
@@ -113,6 +116,24 @@ def _steady(results: Sequence[SteadyStateResult]) -> GoalCheck:
         and top.lag.p99_ms <= STEADY_GOAL_P99_MS
     )
     return GoalCheck(goal, measured, passed)
+
+
+def _files(results: Sequence[SteadyStateResult]) -> GoalCheck:
+    goal = f"data files <= {FILES_GOAL_RATIO:g}x a full OPTIMIZE's after a steady run"
+    measured_runs = [r for r in results if r.files_ratio is not None]
+    if not measured_runs:
+        return GoalCheck(goal, "-", None)
+    longest = max(measured_runs, key=lambda r: r.window_seconds)
+    if longest.window_seconds < FILES_GOAL_WINDOW_S:
+        minutes = longest.window_seconds / 60
+        goal += f" (window {minutes:.0f} min, not {FILES_GOAL_WINDOW_S / 60:.0f})"
+    ratio = longest.files_ratio
+    assert ratio is not None
+    measured = (
+        f"{longest.data_files:,} files, {longest.files_after_optimize:,} after OPTIMIZE "
+        f"({ratio:.1f}x) at {longest.offered_rate:,.0f}/s"
+    )
+    return GoalCheck(goal, measured, ratio <= FILES_GOAL_RATIO)
 
 
 def _memory(memory: MemoryResult | None) -> GoalCheck:

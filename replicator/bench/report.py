@@ -153,8 +153,9 @@ def measurement_rows(report: BenchReport) -> list[tuple[str, str, str]]:
         rows.append((
             f"5. steady state, offered {_rate(st.offered_rate)}/s",
             f"{_rate(st.committed_rate)}/s committed",
-            f"applied {_rate(st.applied_rate)}/s; {_lag_text(st)}; "
-            f"keeps up: {'yes' if st.keeps_up else 'NO'}",
+            f"applied {_rate(st.applied_rate)}/s over {st.window_seconds:.0f} s; {_lag_text(st)}; "
+            f"keeps up: {'yes' if st.keeps_up else 'NO'}; files {st.data_files:,} "
+            f"({st.files_after_optimize:,} after a full OPTIMIZE)",
         ))
     if report.memory is not None:
         m = report.memory

@@ -13,10 +13,13 @@ its end the replicator is asked to catch up with the producer's high seqnos and 
   window, `_commit_timestamp` minus the CAS (the producer's wall clock, in ns, when it applied
   the change). Versions superseded or deleted within a batch never reach the table, so only
   surviving versions are measured.
+- file health: the data table's files when the run stops (the replicator's own compactions
+  included), against the files right after a full OPTIMIZE of the same table.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Mapping, Sequence
 from contextlib import closing
@@ -74,7 +77,8 @@ class SteadyStateResult:
     `drained_after_s`: seconds after the window's end until every change of the window was
     committed (None when the catch-up timed out: then the lag figures leave out the changes
     never committed, and understate it). `warmed_up` is False when the replicator never caught
-    up before the window (it was already falling behind).
+    up before the window (it was already falling behind). `data_files` is the table's file
+    count when the run stopped, `files_after_optimize` the count after a full OPTIMIZE then.
     """
 
     offered_rate: float
@@ -90,6 +94,15 @@ class SteadyStateResult:
     producer_kept_pace: bool
     lag_bounded: bool
     keeps_up: bool
+    data_files: int = 0
+    files_after_optimize: int = 0
+
+    @property
+    def files_ratio(self) -> float | None:
+        """Data files per file of a fully optimized table (None when not measured)."""
+        if self.files_after_optimize <= 0:
+            return None
+        return self.data_files / self.files_after_optimize
 
 
 def measure_steady_state(
@@ -113,7 +126,25 @@ def measure_steady_state(
             staging_dir=f"{work_dir}/staging-steady-{rate_name}",
         )
         window = _run_window(spark, config, settings)
-    return _analyse(spark, config.target, settings, window)
+    result = _analyse(spark, config.target, settings, window)
+    files, optimized = _file_health(spark, config.target)
+    return dataclasses.replace(result, data_files=files, files_after_optimize=optimized)
+
+
+def _file_health(spark: SparkSession, target: str) -> tuple[int, int]:
+    """The data table's files now, and after a full OPTIMIZE (which this run then keeps)."""
+    from delta.tables import DeltaTable
+
+    from replicator.delta.compaction import FULL_COMPACTION_FILE_BYTES, MIN_FILE_SIZE_CONF
+    from replicator.delta.table import delta_snapshot
+
+    files = int(delta_snapshot(spark, target).numOfFiles())
+    spark.conf.set(MIN_FILE_SIZE_CONF, str(FULL_COMPACTION_FILE_BYTES))
+    try:
+        DeltaTable.forPath(spark, target).optimize().executeCompaction()
+    finally:
+        spark.conf.unset(MIN_FILE_SIZE_CONF)
+    return files, int(delta_snapshot(spark, target).numOfFiles())
 
 
 @dataclass(frozen=True, slots=True)

@@ -127,10 +127,10 @@ def run_suite(
         for section in ("plain_append", "rollback"):
             sections.failures[section] = "not run: it needs the initial load's mirror"
     steady: list[SteadyStateResult] = []
-    for rate, seed_docs in preset.steady_runs:
+    for rate, seed_docs, window_s in preset.steady_runs:
         settings = SteadyStateSettings(
             offered_rate=rate,
-            window_s=preset.steady_window_s,
+            window_s=window_s,
             seed_docs=seed_docs,
             doc_size=preset.doc_size,
             vbuckets=preset.vbuckets,

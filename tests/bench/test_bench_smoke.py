@@ -146,6 +146,26 @@ def _steady(**overrides: Any) -> SteadyStateResult:
     return SteadyStateResult(**values)
 
 
+def test_file_goal_judges_the_longest_steady_window() -> None:
+    def files_goal(*steady: SteadyStateResult) -> tuple[str, str, str]:
+        goals = evaluate_goals(
+            drain=None, load_ratio=None, steady=steady, memory=None, rollback=None
+        )
+        (goal,) = [g for g in goals if "OPTIMIZE" in g.goal]
+        return goal.verdict, goal.goal, goal.measured
+
+    assert files_goal(_steady())[0] == "NOT RUN"  # no file count measured
+    healthy = _steady(window_seconds=1800.0, data_files=60, files_after_optimize=16)
+    crowded = _steady(window_seconds=300.0, data_files=900, files_after_optimize=16)
+    verdict, goal, measured = files_goal(crowded, healthy)
+    assert verdict == "PASS" and "window" not in goal and "60 files" in measured
+    verdict, goal, _ = files_goal(crowded)
+    assert verdict == "MISS" and "window 5 min, not 30" in goal
+    assert files_goal(_steady(window_seconds=1800.0, data_files=65, files_after_optimize=16))[
+        0
+    ] == "MISS"
+
+
 def test_steady_goal_needs_the_producer_to_offer_the_rate() -> None:
     def verdict(*steady: SteadyStateResult) -> str:
         goals = evaluate_goals(
