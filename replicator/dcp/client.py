@@ -43,7 +43,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -1025,22 +1025,30 @@ class DcpClient:
 
     # --- ConnectionListener (called on connection I/O threads) ---------------------------
 
-    def on_message(
-        self, connection: NodeConnection, frame: Frame, message: ProducerMessage
+    def on_messages(
+        self, connection: NodeConnection, messages: Sequence[tuple[Frame, ProducerMessage]]
     ) -> None:
-        """Queue a stream's message; drop (and acknowledge) one of no current stream."""
-        dropped = True
-        if not isinstance(message, SetVbucketState | DcpNoop):
-            with self._cond:
+        """Queue streams' messages; drop (and acknowledge) those of no current stream."""
+        dropped: list[tuple[Frame, ProducerMessage]] = []
+        queued = False
+        connection_id = connection.connection_id
+        with self._cond:
+            for frame, message in messages:
+                if isinstance(message, SetVbucketState | DcpNoop):
+                    dropped.append((frame, message))
+                    continue
                 stream = self._streams.get(message.vbucket)
-                if stream is not None and stream.accepts(frame.opaque, connection.connection_id):
-                    dropped = False
-                    if isinstance(message, StreamEnd):
-                        self._on_stream_end(stream, message, connection, frame.size)
-                    else:
-                        self._enqueue(message, connection, frame.size)
-                    self._cond.notify_all()
-        if dropped:
+                if stream is None or not stream.accepts(frame.opaque, connection_id):
+                    dropped.append((frame, message))
+                    continue
+                queued = True
+                if isinstance(message, StreamEnd):
+                    self._on_stream_end(stream, message, connection, frame.size)
+                else:
+                    self._enqueue(message, connection, frame.size)
+            if queued:
+                self._cond.notify_all()
+        for frame, message in dropped:
             log.debug(
                 "dropped %s of no current stream (opaque %d)", type(message).__name__, frame.opaque
             )

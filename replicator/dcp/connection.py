@@ -28,7 +28,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
@@ -189,10 +189,11 @@ class ConnectionOptions:
 class ConnectionListener(Protocol):
     """What a connection hands up, always from its I/O thread, in wire order."""
 
-    def on_message(
-        self, connection: NodeConnection, frame: Frame, message: ProducerMessage
+    def on_messages(
+        self, connection: NodeConnection, messages: Sequence[tuple[Frame, ProducerMessage]]
     ) -> None:
-        """A producer message other than DCP_NOOP (already counted for flow control)."""
+        """Producer messages other than DCP_NOOP, already counted for flow control: those of
+        one socket read (up to a response or server request, which come in between)."""
         ...
 
     def on_cluster_map_notification(
@@ -257,6 +258,8 @@ class NodeConnection:
         self._outbound: deque[bytes] = deque()
         self._send_buffer = bytearray()
         self._early_frames: deque[Frame] = deque()
+        self._undelivered: list[tuple[Frame, ProducerMessage]] = []
+        self._undelivered_bytes = 0
         self._open_streams: set[int] = set()
         self._closed = threading.Event()
         self._lost: ReplicatorError | None = None
@@ -596,6 +599,7 @@ class NodeConnection:
                         self._drain_wake()
                 while self._early_frames and not self._closed.is_set():
                     self._dispatch(self._early_frames.popleft())
+                self._deliver()
                 more_to_read = self._read_available(sock)
                 self._check_liveness()  # may queue a probe: before the flush
                 blocked = self._flush(sock)
@@ -642,11 +646,16 @@ class NodeConnection:
             if not data:
                 raise ConnectionLostError(self.address, "the node closed the connection")
             self._last_received = time.monotonic()
-            # ProtocolError propagates: the frames after a bad one are never dispatched.
-            for frame in self._reader.feed(data):
-                if self._closed.is_set():
-                    return False
-                self._dispatch(frame)
+            # ProtocolError propagates: the frames after a bad one are never dispatched (those
+            # before it are delivered first, as they would have been one by one).
+            try:
+                for frame in self._reader.feed(data):
+                    if self._closed.is_set():
+                        return False
+                    self._dispatch(frame)
+            finally:
+                if not self._closed.is_set():
+                    self._deliver()
         return True
 
     def _flush(self, sock: socket.socket) -> bool:
@@ -690,24 +699,38 @@ class NodeConnection:
         self._probe_opaque = None
 
     def _dispatch(self, frame: Frame) -> None:
+        """Handle one frame; producer messages wait in a list that `_deliver` hands up at once
+        (one lock and one wake-up of the consumer per read, not per message)."""
         magic = frame.magic
-        if magic == Magic.RESPONSE or magic == Magic.FLEX_RESPONSE:
-            self._on_response(decode_response(frame))
-        elif magic == Magic.REQUEST or magic == Magic.FLEX_REQUEST:
+        if magic == Magic.REQUEST or magic == Magic.FLEX_REQUEST:
             message = decode_dcp_message(frame, self.features)
             if isinstance(message, DcpNoop):
                 self._send_unanswered(encode_response(dcp_noop_reply(frame.opaque)))
                 return
-            self.flow_control.received(frame.size)
             if isinstance(message, StreamEnd):
                 self._open_streams.discard(message.vbucket)
-            if self._listener is not None:
-                self._listener.on_message(self, frame, message)
+            self._undelivered.append((frame, message))
+            self._undelivered_bytes += frame.size
+            return
+        # Anything else may change what the listener accepts: what came before goes up first.
+        self._deliver()
+        if magic == Magic.RESPONSE or magic == Magic.FLEX_RESPONSE:
+            self._on_response(decode_response(frame))
         elif magic == Magic.SERVER_REQUEST:
             notification = decode_server_request(frame)
             if self._listener is not None:
                 self._listener.on_cluster_map_notification(self, notification)
         # SERVER_RESPONSE: we never send server requests' replies' counterparts; ignore.
+
+    def _deliver(self) -> None:
+        """Count the waiting producer messages for flow control and hand them up, in order."""
+        if not self._undelivered:
+            return
+        messages, self._undelivered = self._undelivered, []
+        size, self._undelivered_bytes = self._undelivered_bytes, 0
+        self.flow_control.received(size)
+        if self._listener is not None:
+            self._listener.on_messages(self, messages)
 
     def _on_response(self, response: Response) -> None:
         with self._lock:

@@ -6,7 +6,7 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -26,6 +26,7 @@ from replicator.dcp.codec import (
     SaslAuth,
     StreamRequest,
     encode_dcp_message,
+    encode_server_request,
     failover_log_of,
 )
 from replicator.dcp.connection import ConnectionOptions, NodeConnection, TlsSettings
@@ -67,15 +68,17 @@ class Recorder:
 
     def __init__(self) -> None:
         self.messages: list[tuple[Frame, ProducerMessage]] = []
+        self.timeline: list[str] = []
         self.notifications: list[ClustermapChangeNotification] = []
         self.lost: list[ReplicatorError] = []
         self._cond = threading.Condition()
 
-    def on_message(
-        self, connection: NodeConnection, frame: Frame, message: ProducerMessage
+    def on_messages(
+        self, connection: NodeConnection, messages: Sequence[tuple[Frame, ProducerMessage]]
     ) -> None:
         with self._cond:
-            self.messages.append((frame, message))
+            self.messages.extend(messages)
+            self.timeline.append(f"{len(messages)} messages")
             self._cond.notify_all()
 
     def on_cluster_map_notification(
@@ -83,6 +86,7 @@ class Recorder:
     ) -> None:
         with self._cond:
             self.notifications.append(notification)
+            self.timeline.append("notification")
             self._cond.notify_all()
 
     def on_connection_lost(self, connection: NodeConnection, error: ReplicatorError) -> None:
@@ -385,6 +389,40 @@ def test_messages_are_handed_up_in_order_and_counted(peer: ScriptedPeer) -> None
         recorder.wait(lambda: len(recorder.messages) == 2)
         assert [m for _, m in recorder.messages] == [marker, mutation]
         assert all(frame.opaque == opaque for frame, _ in recorder.messages)
+        total = sum(frame.size for frame, _ in recorder.messages)
+        assert connection.flow_control.unacknowledged_bytes == total
+    finally:
+        connection.close()
+
+
+def test_the_messages_of_one_read_are_handed_up_at_once_split_at_other_frames(
+    peer: ScriptedPeer,
+) -> None:
+    recorder = Recorder()
+    connection = connect(peer, listener=recorder)
+    try:
+        session = peer.dcp_session()
+        opaque = open_stream(connection, session)
+        delivered_before = len(recorder.timeline)
+        events = [SnapshotMarker(0, 1, 4, SnapshotFlags.MEMORY)] + [
+            Mutation(0, seqno, 1, seqno, 0, 0, 0, 0, b"k%d" % seqno, b"{}", True)
+            for seqno in range(1, 5)
+        ]
+
+        def wire(event: ProducerMessage) -> bytes:
+            return encode_dcp_message(event, opaque=opaque, features=session.features)
+
+        # One write: the marker, two mutations, a cluster-map push, two more mutations.
+        push = encode_server_request(ClustermapChangeNotification("default", 9, 1, b""))
+        session.send_raw(b"".join([*map(wire, events[:3]), push, *map(wire, events[3:])]))
+        recorder.wait(lambda: len(recorder.messages) == 5 and len(recorder.notifications) == 1)
+        assert [m for _, m in recorder.messages] == events
+        # Messages before the push go up before it; the rest after it, not one call each
+        # (TCP may still split the write: at most two more calls then).
+        timeline = recorder.timeline[delivered_before:]
+        before_push = timeline[: timeline.index("notification")]
+        assert sum(int(entry.split()[0]) for entry in before_push) == 3
+        assert len(timeline) - 1 <= 4
         total = sum(frame.size for frame, _ in recorder.messages)
         assert connection.flow_control.unacknowledged_bytes == total
     finally:
