@@ -131,11 +131,15 @@ class Compactor:
         """Files in the data table's newest version (from Delta's snapshot, no Spark job)."""
         return int(delta_snapshot(self.mirror.spark, self.mirror.layout.data).numOfFiles())
 
+    @property
+    def partition_filter(self) -> str:
+        """The predicate naming the partitions this owner compacts."""
+        listed = ", ".join(str(p) for p in self.partitions)
+        return f"{self.mirror.data_layout.partition_column} IN ({listed})"
+
     def owned_files(self) -> int:
         """Files in the partitions this owner compacts."""
-        column = self.mirror.data_layout.partition_column
-        listed = ", ".join(str(p) for p in self.partitions)
-        return len(self.mirror.read().where(f"{column} IN ({listed})").inputFiles())
+        return len(self.mirror.read().where(self.partition_filter).inputFiles())
 
     def due(self) -> bool:
         if not self.partitions:
@@ -181,8 +185,6 @@ class Compactor:
     def _optimize(self, min_file_bytes: int) -> bool:
         """Bin-pack the owned partitions' files under `min_file_bytes` (and those with too many
         deleted rows); False when a concurrent commit got in the way."""
-        column = self.mirror.data_layout.partition_column
-        listed = ", ".join(str(p) for p in self.partitions)
         spark = self.mirror.spark
         try:
             # delta_write_confs holds the session write lock, which the OPTIMIZE confs need too.
@@ -190,9 +192,7 @@ class Compactor:
                 spark.conf.set(MIN_FILE_SIZE_CONF, str(min_file_bytes))
                 spark.conf.set(MAX_DELETED_ROWS_RATIO_CONF, str(self.policy.max_deleted_share))
                 try:
-                    self.mirror.delta().optimize().where(
-                        f"{column} IN ({listed})"
-                    ).executeCompaction()
+                    self.mirror.delta().optimize().where(self.partition_filter).executeCompaction()
                 finally:
                     spark.conf.unset(MIN_FILE_SIZE_CONF)
                     spark.conf.unset(MAX_DELETED_ROWS_RATIO_CONF)
