@@ -125,8 +125,9 @@ def _files(results: Sequence[SteadyStateResult]) -> GoalCheck:
         return GoalCheck(goal, "-", None)
     longest = max(measured_runs, key=lambda r: r.window_seconds)
     if longest.window_seconds < FILES_GOAL_WINDOW_S:
-        minutes = longest.window_seconds / 60
-        goal += f" (window {minutes:.0f} min, not {FILES_GOAL_WINDOW_S / 60:.0f})"
+        goal += (
+            f" (window {longest.window_seconds:.0f} s, not {FILES_GOAL_WINDOW_S / 60:.0f} min)"
+        )
     ratio = longest.files_ratio
     assert ratio is not None
     measured = (

@@ -160,7 +160,7 @@ def test_file_goal_judges_the_longest_steady_window() -> None:
     verdict, goal, measured = files_goal(crowded, healthy)
     assert verdict == "PASS" and "window" not in goal and "60 files" in measured
     verdict, goal, _ = files_goal(crowded)
-    assert verdict == "MISS" and "window 5 min, not 30" in goal
+    assert verdict == "MISS" and "window 300 s, not 30 min" in goal
     assert files_goal(_steady(window_seconds=1800.0, data_files=65, files_after_optimize=16))[
         0
     ] == "MISS"
