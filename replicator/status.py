@@ -5,6 +5,11 @@ Reads the mirror only: it never repairs, claims or writes anything, and needs no
 checkpoint of each vbucket, overlaid with data commits whose checkpoint rows were never
 written (a process that died between the two commits).
 
+The vbuckets reported are the source's with `--source`; without it, every vbucket the mirror's
+replicators took on: claimed in the owners table (live or expired claims) or streamed (the
+failover logs table keeps them after a claim is released), and any that committed. Those that
+never committed are shown and counted, never left out.
+
 >>> status = read_status(config, spark=spark)  # doctest: +SKIP
 >>> print(status.render())  # doctest: +SKIP
 """
@@ -278,6 +283,11 @@ class MirrorStatus:
         return sum(1 for vb in self.vbuckets if vb.mirrored)
 
     @property
+    def never_committed(self) -> int:
+        """Vbuckets reported that have no committed position (not even seqno 0)."""
+        return len(self.vbuckets) - self.vbuckets_mirrored
+
+    @property
     def seqnos_committed(self) -> int:
         return sum(vb.seqno for vb in self.vbuckets)
 
@@ -313,10 +323,11 @@ class MirrorStatus:
     def summary(self) -> str:
         """The first line: the mirror in numbers."""
         last = self.last_commit
+        never = f" ({self.never_committed} never committed)" if self.never_committed else ""
         text = (
             f"mirror of bucket {self.bucket!r} at {self.target} (table version "
             f"{self.table_version}): {self.vbuckets_mirrored} of {len(self.vbuckets)} vbuckets "
-            f"mirrored, {self.seqnos_committed} seqnos committed, last commit "
+            f"mirrored{never}, {self.seqnos_committed} seqnos committed, last commit "
             f"{format_time(last) if last is not None else 'never'}, rollbacks {self.rollbacks}, "
             f"owners live {self.owners_live}"
         )
@@ -328,8 +339,9 @@ class MirrorStatus:
         """Summary line, live owners, then an aligned table of vbuckets.
 
         `fold` merges consecutive vbuckets in identical state into one row (`0-511`); by
-        default only when there are more than FOLD_ABOVE vbuckets. A sharded mirror gets an
-        `owner` column: which replicator committed each vbucket last.
+        default only when there are more than FOLD_ABOVE vbuckets, but runs of vbuckets that
+        never committed always fold (`fold=False` shows every vbucket on its own row). A
+        sharded mirror gets an `owner` column: which replicator committed each vbucket last.
         """
         lines = [self.summary()]
         for owner in self.owners:
@@ -353,6 +365,7 @@ class MirrorStatus:
                 with_source=self.with_source,
                 with_owner=with_owner,
                 fold=len(self.vbuckets) > FOLD_ABOVE if fold is None else fold,
+                fold_never_committed=fold is not False,
             )
         ]
         if rows:
@@ -372,6 +385,7 @@ class MirrorStatus:
             "summary": {
                 "vbuckets": len(self.vbuckets),
                 "vbuckets_mirrored": self.vbuckets_mirrored,
+                "never_committed": self.never_committed,
                 "seqnos_committed": self.seqnos_committed,
                 "last_commit": last.isoformat() if last is not None else None,
                 "rollbacks": self.rollbacks,
@@ -415,14 +429,20 @@ def _numeric_columns(header: Sequence[str]) -> list[int]:
 
 
 def _rows(
-    vbuckets: Sequence[VbucketStatus], *, with_source: bool, fold: bool, with_owner: bool = False
+    vbuckets: Sequence[VbucketStatus],
+    *,
+    with_source: bool,
+    fold: bool,
+    with_owner: bool = False,
+    fold_never_committed: bool = False,
 ) -> list[tuple[str, tuple[str, ...]]]:
     rows: list[tuple[str, tuple[str, ...]]] = []
     run_start = run_end = -1
     run_cells: tuple[str, ...] | None = None
     for vb in sorted(vbuckets, key=lambda v: v.vbucket):
         cells = vb.cells(with_source=with_source, with_owner=with_owner)
-        if fold and cells == run_cells and vb.vbucket == run_end + 1:
+        folds = fold or (fold_never_committed and not vb.mirrored)
+        if folds and cells == run_cells and vb.vbucket == run_end + 1:
             run_end = vb.vbucket
             continue
         if run_cells is not None:
@@ -505,15 +525,19 @@ def rollback_history(
     return result
 
 
-def owner_statuses(mirror: MirrorTable, now: datetime) -> tuple[OwnerStatus, ...]:
-    """The claims in the mirror's owners table, live or stale at `now`."""
+def owner_records(mirror: MirrorTable) -> list[OwnerRecord]:
+    """The claims in the mirror's owners table, live or expired (none when it has no table)."""
     from replicator.delta.ownership import OwnersTable
     from replicator.delta.table import is_delta_table_at
 
     owners = OwnersTable.of(mirror)
     if not is_delta_table_at(mirror.spark, owners.path):
-        return ()
-    records: list[OwnerRecord] = owners.records()
+        return []
+    return owners.records()
+
+
+def owner_statuses(records: Iterable[OwnerRecord], now: datetime) -> tuple[OwnerStatus, ...]:
+    """The claims `records`, live or stale at `now`, by owner id (pure)."""
     return tuple(
         OwnerStatus(
             owner_id=record.owner_id,
@@ -525,6 +549,22 @@ def owner_statuses(mirror: MirrorTable, now: datetime) -> tuple[OwnerStatus, ...
         )
         for record in sorted(records, key=lambda r: r.owner_id)
     )
+
+
+def streamed_vbuckets(mirror: MirrorTable) -> frozenset[int]:
+    """The vbuckets with a stored failover log: a replicator opened their streams.
+
+    Saved after every successful stream request, and kept when the claim is released (the
+    owners table forgets a released claim), so they say which vbuckets a finished run took on.
+    """
+    from replicator.delta.failover_logs import FailoverLogsTable
+    from replicator.delta.table import is_delta_table_at
+
+    table = FailoverLogsTable.of(mirror)
+    if not is_delta_table_at(mirror.spark, table.path):
+        return frozenset()
+    rows = mirror.spark.read.format("delta").load(table.path).select("vbucket").collect()
+    return frozenset(int(row["vbucket"]) for row in rows)
 
 
 @dataclass(frozen=True, slots=True)
@@ -564,29 +604,31 @@ def selected_vbuckets(
     return selection.resolve(num_vbuckets)
 
 
-def read_status(
+def build_status(
     config: ReplicatorConfig,
     *,
-    spark: SparkSession | None = None,
-    now: datetime | None = None,
+    bucket: str,
+    table_version: int,
+    checked_at: datetime,
+    checkpoints: Mapping[int, Checkpoint],
+    rollbacks: Mapping[int, tuple[int, RollbackRecord]],
+    owners: Sequence[OwnerRecord],
+    streamed: Iterable[int] = (),
+    source: SourceSeqnos | None = None,
 ) -> MirrorStatus:
-    """Read the mirror at `config.target` (and, with `config.source`, the producer's seqnos)."""
-    from replicator.delta.table import now_utc
+    """The status of a mirror from what was read of it (pure).
 
-    if not config.target:
-        raise ConfigError("status needs a target: pass --target PATH")
-    source = read_source_seqnos(config) if config.source else None
-    if spark is None:
-        from replicator.spark import build_session
-
-        spark = build_session("replicator-status")
-    mirror = open_mirror(spark, config.target, bucket=source.bucket if source else None)
-    checked_at = now or now_utc()
-    checkpoints = committed_checkpoints(mirror)
-    rollbacks = rollback_history(mirror, checkpoints)
+    Reports the source's vbuckets when there is one; otherwise every vbucket claimed in
+    `owners`, `streamed` (see streamed_vbuckets) or committed. Either way `--vbuckets` narrows
+    it, and a vbucket without a checkpoint is reported as never committed.
+    """
     known = set(checkpoints) | set(rollbacks)
     if source is not None:
         known |= set(range(source.num_vbuckets))
+    else:
+        known |= set(streamed)
+        for record in owners:
+            known |= record.vbuckets
     wanted = selected_vbuckets(config, known, source.num_vbuckets if source else None)
     if wanted is not None:
         known &= set(wanted)
@@ -608,10 +650,42 @@ def read_status(
         )
     return MirrorStatus(
         target=config.target,
+        bucket=bucket,
+        table_version=table_version,
+        checked_at=checked_at,
+        vbuckets=tuple(vbuckets),
+        owners=owner_statuses(owners, checked_at),
+        with_source=source is not None,
+    )
+
+
+def read_status(
+    config: ReplicatorConfig,
+    *,
+    spark: SparkSession | None = None,
+    now: datetime | None = None,
+) -> MirrorStatus:
+    """Read the mirror at `config.target` (and, with `config.source`, the producer's seqnos)."""
+    from replicator.delta.table import now_utc
+
+    if not config.target:
+        raise ConfigError("status needs a target: pass --target PATH")
+    source = read_source_seqnos(config) if config.source else None
+    if spark is None:
+        from replicator.spark import build_session
+
+        spark = build_session("replicator-status")
+    mirror = open_mirror(spark, config.target, bucket=source.bucket if source else None)
+    checked_at = now or now_utc()
+    checkpoints = committed_checkpoints(mirror)
+    return build_status(
+        config,
         bucket=mirror.config.bucket,
         table_version=mirror.version(),
         checked_at=checked_at,
-        vbuckets=tuple(vbuckets),
-        owners=owner_statuses(mirror, checked_at),
-        with_source=source is not None,
+        checkpoints=checkpoints,
+        rollbacks=rollback_history(mirror, checkpoints),
+        owners=owner_records(mirror),
+        streamed=streamed_vbuckets(mirror) if source is None else (),
+        source=source,
     )

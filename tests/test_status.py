@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime
+from collections.abc import Iterable
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -11,13 +12,17 @@ import pytest
 
 from replicator.config import ReplicatorConfig, VbucketSelection
 from replicator.dcp.positions import VbucketPosition
+from replicator.delta.checkpoints import Checkpoint
+from replicator.delta.ownership import OwnerRecord
 from replicator.errors import ConfigError, NotAMirrorError
 from replicator.status import (
     MirrorStatus,
     OwnerStatus,
     RollbackRecord,
+    SourceSeqnos,
     VbucketStatus,
     align_columns,
+    build_status,
     selected_vbuckets,
 )
 
@@ -54,9 +59,9 @@ def test_summary_line_adds_up_the_vbuckets_and_owners() -> None:
         ),
     )
     assert status.summary() == (
-        "mirror of bucket 'travel' at /lake/travel (table version 9): 2 of 3 vbuckets mirrored, "
-        "160 seqnos committed, last commit 2026-01-31 12:30:00Z, rollbacks 2, owners live 1, "
-        "lag 15 seqnos in 2 vbuckets"
+        "mirror of bucket 'travel' at /lake/travel (table version 9): 2 of 3 vbuckets mirrored "
+        "(1 never committed), 160 seqnos committed, last commit 2026-01-31 12:30:00Z, "
+        "rollbacks 2, owners live 1, lag 15 seqnos in 2 vbuckets"
     )
     lines = status.render().splitlines()
     assert lines[0] == status.summary()
@@ -107,7 +112,7 @@ def test_json_has_the_summary_and_every_vbucket() -> None:
     )
     document = json.loads(status.to_json_text())
     assert document["summary"] == {
-        "vbuckets": 2, "vbuckets_mirrored": 2, "seqnos_committed": 123,
+        "vbuckets": 2, "vbuckets_mirrored": 2, "never_committed": 0, "seqnos_committed": 123,
         "last_commit": T0.isoformat(), "rollbacks": 1, "owners_live": 0, "lag": 10,
         "vbuckets_behind": 1,
     }
@@ -117,6 +122,149 @@ def test_json_has_the_summary_and_every_vbucket() -> None:
     )
     assert second["last_rollback"]["kind"] == "resync"
     assert second["last_rollback"]["from_seqno"] is None
+
+
+def test_a_fully_mirrored_summary_names_no_never_committed_vbuckets() -> None:
+    status = status_of(vb_status(0, 5), vb_status(1, 0))
+    assert status.never_committed == 0
+    assert "2 of 2 vbuckets mirrored, 5 seqnos committed" in status.summary()
+    assert "never committed" not in status.summary()
+
+
+def test_vbuckets_that_never_committed_fold_even_among_few() -> None:
+    alike = [
+        VbucketStatus(vb, VbucketPosition.at_boundary(vb, 7, 5), committed_at=T0) for vb in (0, 1)
+    ]
+    status = status_of(
+        *alike, *(vb_status(vb, None) for vb in range(2, 10)),
+        vb_status(10, None, rollbacks=1), vb_status(11, None),
+    )
+
+    def labels(text: str) -> list[str]:
+        return [line.split()[0] for line in text.splitlines()[3:]]  # after summary, gap, header
+
+    # Committed vbuckets keep a row each below FOLD_ABOVE; a differing state breaks a run.
+    assert labels(status.render()) == ["0", "1", "2-9", "10", "11"]
+    assert labels(status.render(fold=False)) == [str(vb) for vb in range(12)]
+    assert labels(status.render(fold=True)) == ["0-1", "2-9", "10", "11"]
+
+
+# --- which vbuckets are reported (pure: claims, failover logs, checkpoints) ----------------
+
+
+def claim_of(
+    owner_id: str, vbuckets: Iterable[int], *, heartbeat_at: datetime = T1
+) -> OwnerRecord:
+    return OwnerRecord(
+        owner_id=owner_id, claim_id=f"claim-{owner_id}", vbuckets=frozenset(vbuckets),
+        host="db1", pid=11, lease=timedelta(minutes=2), claimed_at=T0, heartbeat_at=heartbeat_at,
+    )
+
+
+def checkpoint_of(vb: int, seqno: int, owner_id: str = "vb0-1023") -> Checkpoint:
+    return Checkpoint(
+        owner_id=owner_id, batch_id=1, table_version=3, kind="commit",
+        position=VbucketPosition.at_boundary(vb, 1000 + vb, seqno), committed_at=T0,
+    )
+
+
+def built(
+    *,
+    checkpoints: Iterable[Checkpoint] = (),
+    owners: Iterable[OwnerRecord] = (),
+    streamed: Iterable[int] = (),
+    source: SourceSeqnos | None = None,
+    vbuckets: str | None = None,
+) -> MirrorStatus:
+    config = ReplicatorConfig(
+        target="/lake/travel",
+        vbuckets=VbucketSelection.parse(vbuckets) if vbuckets else VbucketSelection(),
+    )
+    return build_status(
+        config, bucket="travel", table_version=9, checked_at=T1,
+        checkpoints={c.vbucket: c for c in checkpoints}, rollbacks={}, owners=list(owners),
+        streamed=streamed, source=source,
+    )
+
+
+def test_without_a_source_every_claimed_vbucket_is_reported() -> None:
+    status = built(checkpoints=[checkpoint_of(700, 42)], owners=[claim_of("vb0-1023", range(1024))])
+
+    assert [vb.vbucket for vb in status.vbuckets] == list(range(1024))
+    assert (status.vbuckets_mirrored, status.never_committed) == (1, 1023)
+    assert (
+        "(table version 9): 1 of 1024 vbuckets mirrored (1023 never committed), 42 seqnos "
+        "committed, last commit 2026-01-31 12:00:05Z, rollbacks 0, owners live 1"
+    ) in status.summary()
+    # The never-committed vbuckets fold around the one that committed.
+    lines = status.render().splitlines()
+    assert lines[1].startswith("  owner vb0-1023 (1024 vbuckets)")
+    assert lines[3].split()[0] == "vbucket"
+    rows = [line.split() for line in lines[4:]]
+    assert rows == [
+        ["0-699", "-", "-", "-", "0", "-"],
+        ["700", "42", "1700", "2026-01-31", "12:00:05Z", "0", "-"],
+        ["701-1023", "-", "-", "-", "0", "-"],
+    ]
+    document = json.loads(status.to_json_text())
+    assert (document["summary"]["vbuckets"], document["summary"]["vbuckets_mirrored"]) == (1024, 1)
+    assert document["summary"]["never_committed"] == 1023
+    assert len(document["vbuckets"]) == 1024
+    never = document["vbuckets"][0]
+    assert (never["vbucket"], never["seqno"], never["mirrored"], never["last_commit"]) == (
+        0, 0, False, None
+    )
+    assert document["vbuckets"][700]["mirrored"] is True
+
+
+def test_expired_claims_and_shards_count_and_so_do_streamed_vbuckets() -> None:
+    status = built(
+        checkpoints=[checkpoint_of(3, 9, "vb0-31")],
+        owners=[
+            claim_of("vb0-31", range(32)),
+            claim_of("vb32-47", range(32, 48), heartbeat_at=T0),  # lease ran out long ago
+        ],
+        streamed=range(40, 64),  # a released claim's vbuckets, remembered by their failover logs
+    )
+    assert [vb.vbucket for vb in status.vbuckets] == list(range(64))
+    assert "1 of 64 vbuckets mirrored (63 never committed)" in status.summary()
+    assert status.owners_live == 1 and len(status.owners) == 2
+
+
+def test_a_released_run_is_reported_from_its_failover_logs() -> None:
+    status = built(checkpoints=[checkpoint_of(5, 9)], streamed=range(64))
+    assert "1 of 64 vbuckets mirrored (63 never committed)" in status.summary()
+    assert status.owners == ()
+
+
+def test_with_nothing_claimed_or_streamed_only_committed_vbuckets_are_known() -> None:
+    status = built(checkpoints=[checkpoint_of(5, 9)])
+    assert [vb.vbucket for vb in status.vbuckets] == [5]
+    assert "1 of 1 vbuckets mirrored," in status.summary()
+
+
+def test_a_vbucket_selection_narrows_the_claimed_vbuckets() -> None:
+    status = built(
+        checkpoints=[checkpoint_of(700, 42)], owners=[claim_of("vb0-1023", range(1024))],
+        vbuckets="0-9,700",
+    )
+    assert [vb.vbucket for vb in status.vbuckets] == [*range(10), 700]
+    assert "1 of 11 vbuckets mirrored (10 never committed)" in status.summary()
+
+
+def test_with_a_source_its_vbuckets_are_reported_not_the_claims() -> None:
+    source = SourceSeqnos("travel", 8, {vb: 10 + vb for vb in range(8)})
+    status = built(
+        checkpoints=[checkpoint_of(2, 12)], owners=[claim_of("vb0-1023", range(1024))],
+        streamed=range(1024), source=source,
+    )
+    assert [vb.vbucket for vb in status.vbuckets] == list(range(8))
+    assert status.with_source and status.never_committed == 7
+    assert "1 of 8 vbuckets mirrored (7 never committed), 12 seqnos committed" in status.summary()
+    assert status.summary().endswith("lag 96 seqnos in 7 vbuckets")
+    document = json.loads(status.to_json_text())
+    assert (document["summary"]["never_committed"], len(document["vbuckets"])) == (7, 8)
+    assert document["vbuckets"][0]["source_high_seqno"] == 10
 
 
 def test_align_columns_pads_left_or_right() -> None:
@@ -143,9 +291,11 @@ class Crash(Exception):
 
 @pytest.mark.spark
 def test_status_reads_positions_rollbacks_and_uncheckpointed_commits(
-    spark: Any, tmp_path: Path
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from replicator.dcp.positions import FailoverLog
     from replicator.delta.executor import CommitExecutor
+    from replicator.delta.failover_logs import FailoverLogsTable
     from replicator.delta.ownership import OwnersTable
     from replicator.delta.schema import ROLLBACK, MirrorConfig
     from replicator.delta.table import open_or_create
@@ -155,7 +305,7 @@ def test_status_reads_positions_rollbacks_and_uncheckpointed_commits(
     target = str(tmp_path / "mirror")
     mirror = open_or_create(spark, target, MirrorConfig("travel"))
     owners = OwnersTable.of(mirror)
-    claim = owners.claim(range(4), "status-writer")
+    claim = owners.claim(range(64), "status-writer")
     crash_after_data = {"on": False}
 
     def fault(step: str) -> None:
@@ -186,7 +336,11 @@ def test_status_reads_positions_rollbacks_and_uncheckpointed_commits(
 
     assert status.bucket == "travel" and not status.with_source
     by_vb = {vb.vbucket: vb for vb in status.vbuckets}
-    assert sorted(by_vb) == [0, 1]
+    # Every claimed vbucket is reported; the 62 that never committed are counted as such.
+    assert sorted(by_vb) == list(range(64))
+    assert not by_vb[2].mirrored and by_vb[2].seqno == 0
+    assert (status.vbuckets_mirrored, status.never_committed) == (2, 62)
+    assert "2 of 64 vbuckets mirrored (62 never committed)" in status.summary()
     assert by_vb[0].seqno == 2 and by_vb[0].position is not None
     assert by_vb[0].position.vbucket_uuid == UUID
     assert by_vb[0].rollbacks == 1
@@ -206,8 +360,27 @@ def test_status_reads_positions_rollbacks_and_uncheckpointed_commits(
     )
     assert [vb.vbucket for vb in selected.vbuckets] == [1]
 
+    # With a source, its vbuckets are reported (not the claim's), never-committed ones counted.
+    monkeypatch.setattr(
+        "replicator.status.read_source_seqnos",
+        lambda config: SourceSeqnos("travel", 4, {0: 2, 1: 7, 2: 1, 3: 0}),
+    )
+    sourced = read_status(
+        ReplicatorConfig(source="couchbase://db1/travel", target=target), spark=spark
+    )
+    assert [vb.vbucket for vb in sourced.vbuckets] == [0, 1, 2, 3]
+    assert sourced.with_source and sourced.never_committed == 2
+    assert "2 of 4 vbuckets mirrored (2 never committed)" in sourced.summary()
+    monkeypatch.undo()
+
+    # Released, the claim is gone from the owners table: only committed vbuckets are known,
+    # unless the failover logs (saved when streams open) remember the rest.
     owners.release(claim)
-    assert read_status(ReplicatorConfig(target=target), spark=spark).owners_live == 0
+    released = read_status(ReplicatorConfig(target=target), spark=spark)
+    assert released.owners_live == 0 and [vb.vbucket for vb in released.vbuckets] == [0, 1]
+    FailoverLogsTable.of(mirror).save({vb: FailoverLog.of([(UUID, 0)]) for vb in range(64)})
+    streamed = read_status(ReplicatorConfig(target=target), spark=spark)
+    assert (len(streamed.vbuckets), streamed.never_committed) == (64, 62)
 
 
 @pytest.mark.spark
