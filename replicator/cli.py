@@ -40,6 +40,8 @@ _RUN_FLAGS = (
     ("--commit-max-rows", "commit_max_rows", int, "rows that trigger a group commit"),
     ("--staging-dir", "staging_dir", str, "spill directory (default beside the table)"),
     ("--progress", "progress", str, "auto, bar, lines or off"),
+    ("--sasl-mechanism", "sasl_mechanism", str,
+     "SCRAM-SHA512, SCRAM-SHA256, SCRAM-SHA1 or PLAIN (default: strongest SCRAM offered)"),
 )
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from replicator.dcp.auth import SASL_MECHANISM_NAMES, parse_sasl_mechanism
 from replicator.errors import ConfigError
 
 ENV_PREFIX = "REPLICATOR_"
@@ -110,6 +111,8 @@ class ReplicatorConfig:
     vbuckets: VbucketSelection = VbucketSelection()
     tls_ca: str = ""
     allow_plain_over_tcp: bool = False
+    sasl_mechanism: str | None = None
+    """One of SASL_MECHANISM_NAMES; None: the strongest SCRAM the server offers."""
     until_caught_up: bool = False
     memory_budget_mb: int = 256
     commit_interval_s: float = 2.0
@@ -135,6 +138,9 @@ class ReplicatorConfig:
             raise ConfigError("noop_interval_s must be between 1 and 3600")
         if self.progress not in ("auto", "bar", "lines", "off"):
             raise ConfigError("progress must be one of auto, bar, lines, off")
+        if self.sasl_mechanism is not None:
+            # One spelling per mechanism for every reader; frozen, hence object.__setattr__.
+            object.__setattr__(self, "sasl_mechanism", _sasl_mechanism_name(self.sasl_mechanism))
 
     def require_source_and_target(self) -> None:
         if not self.source:
@@ -188,6 +194,20 @@ def _coerce(name: str, raw: Any) -> Any:
     except (TypeError, ValueError):
         raise ConfigError(f"invalid value for {name}: {raw!r}") from None
     return str(raw)
+
+
+def _sasl_mechanism_name(raw: str) -> str | None:
+    """The canonical name (`SCRAM-SHA512`) of what the user wrote; None for an empty value."""
+    if not raw.strip():
+        return None  # an empty value means "not set", as for the other settings
+    try:
+        return parse_sasl_mechanism(raw).value
+    except ValueError as exc:
+        raise ConfigError(
+            f"invalid sasl_mechanism (--sasl-mechanism): {exc}; use one of "
+            f"{SASL_MECHANISM_NAMES} (any case, SCRAM-SHA-512 spellings too), or leave it unset "
+            "for the strongest SCRAM the server offers"
+        ) from None
 
 
 def load_config(

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 from replicator.config import ReplicatorConfig
-from replicator.dcp.auth import Credentials
+from replicator.dcp.auth import Credentials, parse_sasl_mechanism
 from replicator.dcp.client import ClientOptions, DcpClient
 from replicator.dcp.connection import ConnectionOptions, TlsSettings
 from replicator.dcp.connstr import ConnectionString
@@ -166,6 +166,9 @@ def client_options(config: ReplicatorConfig, *, tls: bool) -> ClientOptions:
             flow_control_window=config.flow_control_window_kb * 1024,
             noop_interval=config.noop_interval_s,
             allow_plain_over_tcp=config.allow_plain_over_tcp,
+            sasl_mechanism=(
+                parse_sasl_mechanism(config.sasl_mechanism) if config.sasl_mechanism else None
+            ),
             tls=TlsSettings(ca_file=config.tls_ca or None) if tls else TlsSettings(),
         )
     )

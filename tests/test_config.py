@@ -69,6 +69,8 @@ def test_missing_password_says_where_to_put_it() -> None:
         ("nonsense = 1\n", "unknown setting 'nonsense'"),
         ("progress = 'fancy'\n", "progress"),
         ("vbuckets = '9-3'\n", "invalid vbuckets"),
+        ("sasl_mechanism = 'CRAM-MD5'\n", "invalid sasl_mechanism"),
+        ("sasl_mechanism = 512\n", "unknown SASL mechanism '512'"),
         ("[replicator\n", "not valid TOML"),
     ],
 )
@@ -85,3 +87,39 @@ def test_vbucket_selection_shards_cover_all_once() -> None:
     assert VbucketSelection.parse("0-2,7").resolve(8) == (0, 1, 2, 7)
     with pytest.raises(ConfigError, match="do not exist"):
         VbucketSelection.parse("0-9").resolve(8)
+
+
+def test_sasl_mechanism_from_file_env_and_flag_in_one_spelling(tmp_path: Path) -> None:
+    assert load_config(env={}).sasl_mechanism is None  # unset: the strongest SCRAM offered
+    config_file = write_toml(tmp_path, "sasl_mechanism = 'scram-sha-1'\n")
+    assert load_config(config_file=config_file, env={}).sasl_mechanism == "SCRAM-SHA1"
+    emptied = write_toml(tmp_path, "sasl_mechanism = ''\n")
+    assert load_config(config_file=emptied, env={}).sasl_mechanism is None
+    config_file = write_toml(tmp_path, "sasl_mechanism = 'scram-sha-1'\n")
+    env = {"REPLICATOR_SASL_MECHANISM": "Scram_Sha_256"}
+    assert load_config(config_file=config_file, env=env).sasl_mechanism == "SCRAM-SHA256"
+    flagged = load_config(config_file=config_file, env=env, flags={"sasl_mechanism": "plain"})
+    assert flagged.sasl_mechanism == "PLAIN"
+    assert ReplicatorConfig(sasl_mechanism="scram-sha-512").sasl_mechanism == "SCRAM-SHA512"
+
+
+@pytest.mark.parametrize("where", ["file", "env", "flag", "constructor"])
+def test_bad_sasl_mechanism_names_the_valid_ones_and_not_the_password(
+    tmp_path: Path, where: str
+) -> None:
+    env = {"REPLICATOR_PASSWORD": "hunter2-secret"}
+    with pytest.raises(ConfigError) as caught:
+        if where == "file":
+            load_config(config_file=write_toml(tmp_path, "sasl_mechanism = 'md5'\n"), env=env)
+        elif where == "env":
+            load_config(env={**env, "REPLICATOR_SASL_MECHANISM": "md5"})
+        elif where == "flag":
+            load_config(env=env, flags={"sasl_mechanism": "md5"})
+        else:
+            ReplicatorConfig(password=Secret("hunter2-secret"), sasl_mechanism="md5")
+    text = str(caught.value)
+    assert text.startswith(
+        "invalid sasl_mechanism (--sasl-mechanism): unknown SASL mechanism 'md5'"
+    )
+    assert "SCRAM-SHA512, SCRAM-SHA256, SCRAM-SHA1, PLAIN" in text
+    assert "hunter2" not in text

@@ -1,9 +1,10 @@
 """SASL authentication to a data node: mechanism choice and the exchange, without sockets.
 
 Preference: SCRAM-SHA512 > SCRAM-SHA256 > SCRAM-SHA1 (scramp's client; the server proves it knows
-the password too). PLAIN sends the password in clear, so it is used only over TLS unless the
-caller explicitly allows it over plain TCP. The password never appears in a repr, a log line or
-an exception text.
+the password too), unless the caller asks for one mechanism (`requested`), for servers and proxies
+that need it. PLAIN sends the password in clear, so it is used only over TLS unless the caller
+explicitly allows it over plain TCP, requested or not. The password never appears in a repr, a
+log line or an exception text.
 """
 
 from __future__ import annotations
@@ -45,6 +46,26 @@ class SaslMechanism(enum.Enum):
     PLAIN = "PLAIN"
 
 
+SASL_MECHANISM_NAMES = ", ".join(mechanism.value for mechanism in SaslMechanism)
+"""The names a user may ask for, as error messages list them."""
+
+
+def parse_sasl_mechanism(name: str) -> SaslMechanism:
+    """The mechanism a user named: any case, and the RFC spelling with a dash after SHA too.
+
+    ValueError for a name that is none of SASL_MECHANISM_NAMES.
+
+    >>> parse_sasl_mechanism("scram-sha-256").value
+    'SCRAM-SHA256'
+    """
+    # kv_engine writes SCRAM-SHA512 where RFC 5802 and scramp write SCRAM-SHA-512: accept both.
+    canonical = name.strip().upper().replace("_", "-").replace("SHA-", "SHA")
+    try:
+        return SaslMechanism(canonical)
+    except ValueError:
+        raise ValueError(f"unknown SASL mechanism {name[:40]!r}") from None
+
+
 SCRAM_PREFERENCE = (
     SaslMechanism.SCRAM_SHA512,
     SaslMechanism.SCRAM_SHA256,
@@ -64,17 +85,37 @@ def choose_mechanism(
     tls: bool,
     allow_plain_over_tcp: bool = False,
     node: str | None = None,
+    requested: SaslMechanism | None = None,
 ) -> SaslMechanism:
-    """Pick the strongest mechanism both sides support.
+    """Pick `requested` if given, else the strongest mechanism both sides support.
 
-    ConfigError when only PLAIN is offered on a plain-TCP connection (and not allowed), or when
-    nothing usable is offered; its text starts with `node` (host:port) when given.
+    ConfigError when PLAIN would be used on a plain-TCP connection (and is not allowed), when
+    the server does not offer `requested`, or when nothing usable is offered; its text starts
+    with `node` (host:port) when given.
 
     >>> choose_mechanism(["PLAIN", "SCRAM-SHA1", "SCRAM-SHA512"], tls=False).value
     'SCRAM-SHA512'
+    >>> choose_mechanism(["SCRAM-SHA512", "PLAIN"], tls=True, requested=SaslMechanism.PLAIN).value
+    'PLAIN'
     """
-    names = {name.strip().upper() for name in offered if name.strip()}
+    # Keep the server's order (strongest first on kv_engine) for the error texts.
+    names = list(dict.fromkeys(name.strip().upper() for name in offered if name.strip()))
     where = f"{node}: " if node else ""
+    listed = ", ".join(names) or "none"
+    if requested is not None:
+        if requested.value not in names:
+            raise ConfigError(
+                f"{where}sasl_mechanism (--sasl-mechanism) asks for {requested.value}, but the "
+                f"server offers only: {listed}. Choose one of those, enable {requested.value} on "
+                "the server, or unset sasl_mechanism to use the strongest SCRAM offered"
+            )
+        if requested is SaslMechanism.PLAIN and not (tls or allow_plain_over_tcp):
+            raise ConfigError(
+                f"{where}sasl_mechanism PLAIN would send the password in clear over plain TCP: "
+                "connect with couchbases:// (TLS), choose a SCRAM mechanism, or, if the network "
+                "is trusted, set allow_plain_over_tcp (--allow-plain-over-tcp)"
+            )
+        return requested
     for mechanism in SCRAM_PREFERENCE:
         if mechanism.value in names:
             return mechanism
@@ -86,7 +127,6 @@ def choose_mechanism(
             "over plain TCP: connect with couchbases:// (TLS), enable SCRAM on the server, or, if "
             "the network is trusted, set allow_plain_over_tcp (--allow-plain-over-tcp)"
         )
-    listed = ", ".join(sorted(names)) or "none"
     raise ConfigError(f"{where}no supported SASL mechanism offered (server lists: {listed})")
 
 
@@ -195,15 +235,18 @@ def authenticate(
     node: str,
     tls: bool,
     allow_plain_over_tcp: bool = False,
+    requested: SaslMechanism | None = None,
     max_steps: int = 4,
 ) -> SaslMechanism:
     """Run SASL_AUTH / SASL_STEP until the server says SUCCESS; return the mechanism used.
 
+    The mechanism is `requested` if given, else the strongest offered (see choose_mechanism).
     AUTH_ERROR (or any other failure status) raises AuthenticationError naming the node and
     the user, never the password.
     """
     mechanism = choose_mechanism(
-        offered, tls=tls, allow_plain_over_tcp=allow_plain_over_tcp, node=node
+        offered, tls=tls, allow_plain_over_tcp=allow_plain_over_tcp, node=node,
+        requested=requested,
     )
     session = start_session(credentials, mechanism, node=node)
     key = mechanism.value.encode()

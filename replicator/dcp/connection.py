@@ -34,7 +34,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from replicator.dcp.auth import Credentials, authenticate
+from replicator.dcp.auth import Credentials, SaslMechanism, authenticate
 from replicator.dcp.codec import (
     MAX_CONNECTION_NAME_BYTES,
     ClientRequest,
@@ -154,6 +154,8 @@ class ConnectionOptions:
     """Ask for max_marker_version=2.2 (purge seqno in markers) when collections are on."""
     include_xattrs: bool = True
     allow_plain_over_tcp: bool = False
+    sasl_mechanism: SaslMechanism | None = None
+    """The one SASL mechanism to use; None: the strongest SCRAM the node offers (see auth)."""
     tls: TlsSettings = field(default_factory=TlsSettings)
     max_body_size: int = DEFAULT_MAX_BODY_SIZE
 
@@ -246,6 +248,8 @@ class NodeConnection:
         self.name = f"{self.options.service_name}:{uuid.uuid4().hex}"
         self.flow_control = FlowControl(window_bytes=self.options.flow_control_window)
         self.hello_features: frozenset[int] = frozenset()
+        self.sasl_mechanism: SaslMechanism | None = None
+        """The mechanism the handshake authenticated with; None before."""
         self.features = ConnectionFeatures()
         self.accepted_controls: frozenset[str] = frozenset()
         self.cluster_config = b""
@@ -320,9 +324,10 @@ class NodeConnection:
             self._closed.set()
             raise
         log.info(
-            "%s: DCP connection %s open (collections=%s, controls=%s)",
+            "%s: DCP connection %s open (sasl=%s, collections=%s, controls=%s)",
             self.address,
             self.name,
+            self.sasl_mechanism.value if self.sasl_mechanism else None,
             self.features.collections,
             ",".join(sorted(self.accepted_controls)),
         )
@@ -457,13 +462,14 @@ class NodeConnection:
             )
         mechanisms = self._call_sync(SaslListMechs())
         self._expect_success(mechanisms, "SASL_LIST_MECHS")
-        authenticate(
+        self.sasl_mechanism = authenticate(
             self._sasl_roundtrip,
             self._credentials,
             sasl_mechanisms_of(mechanisms),
             node=self.address,
             tls=self.tls,
             allow_plain_over_tcp=opts.allow_plain_over_tcp,
+            requested=opts.sasl_mechanism,
         )
         selected = self._call_sync(SelectBucket(self.bucket))
         if selected.status in (Status.NO_BUCKET, Status.EACCESS, Status.KEY_ENOENT):

@@ -17,6 +17,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from types import FrameType
 
+from replicator.dcp.auth import parse_sasl_mechanism
 from replicator.errors import ConfigError
 from replicator.sim.bucket import SimBucket
 from replicator.sim.cluster import (
@@ -26,6 +27,7 @@ from replicator.sim.cluster import (
     server_tls_context,
 )
 from replicator.sim.faults import MalformedFrame
+from replicator.sim.sasl_server import MECHANISMS, check_mechanisms
 from replicator.sim.server import ServerOptions
 from replicator.sim.vbucket import DocumentNotFoundError
 from replicator.sim.workload import Workload, initial_load, run_workload
@@ -75,6 +77,13 @@ def add_sim_arguments(parser: argparse.ArgumentParser) -> None:
         help="cap every connection's send rate (a slow network)",
     )
     parser.add_argument(
+        "--sasl-mechanisms",
+        default=",".join(MECHANISMS),
+        metavar="NAMES",
+        help="comma-separated SASL mechanisms the nodes offer (default: all, "
+        f"{','.join(MECHANISMS)})",
+    )
+    parser.add_argument(
         "--faults",
         default="",
         help=f"comma-separated faults to inject in turn: {', '.join(FAULT_KINDS)}",
@@ -96,6 +105,7 @@ def sim_password(args: argparse.Namespace, environ: Mapping[str, str] = os.envir
 def run_sim(args: argparse.Namespace) -> int:
     """Serve until SIGTERM or SIGINT; 0 on a clean stop. Bad options raise ConfigError."""
     faults = _parse_faults(args.faults)
+    mechanisms = _parse_mechanisms(args.sasl_mechanisms)
     _check_options(args, faults)
     password = sim_password(args)
     tls_context = None
@@ -116,7 +126,9 @@ def run_sim(args: argparse.Namespace) -> int:
         users={args.username: password},
         tls_context=tls_context,
         tls_base_port=args.tls_port,
-        options=ServerOptions(send_rate_bytes_per_second=args.send_rate),
+        options=ServerOptions(
+            send_rate_bytes_per_second=args.send_rate, sasl_mechanisms=mechanisms
+        ),
     )
     try:
         cluster.start()
@@ -207,6 +219,17 @@ def _parse_faults(text: str) -> list[str]:
     if unknown:
         raise ConfigError(f"unknown fault {unknown[0]!r}: choose from {', '.join(FAULT_KINDS)}")
     return kinds
+
+
+def _parse_mechanisms(text: str) -> tuple[str, ...]:
+    # The client's parser, so `scram-sha-256` works here as it does for --sasl-mechanism.
+    try:
+        names = [parse_sasl_mechanism(name).value for name in text.split(",") if name.strip()]
+        return check_mechanisms(list(dict.fromkeys(names)))
+    except ValueError as exc:
+        raise ConfigError(
+            f"--sasl-mechanisms: {exc}; choose from {', '.join(MECHANISMS)}"
+        ) from None
 
 
 def _start(name: str, target: object) -> threading.Thread:

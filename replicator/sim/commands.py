@@ -59,7 +59,7 @@ from replicator.sim.failover_table import StreamAccepted, StreamRollback
 from replicator.sim.failover_table import StreamRequest as RollbackQuery
 from replicator.sim.node_context import ClusterContext
 from replicator.sim.producer_stream import ProducerStream, StreamEncoding, StreamFilter
-from replicator.sim.sasl_server import MECHANISMS, SaslExchange, SaslReply
+from replicator.sim.sasl_server import SaslExchange, SaslReply
 
 log = logging.getLogger(__name__)
 
@@ -179,7 +179,7 @@ class CommandProcessor:
         self._options = cluster.options
         self._node = node
         self._hooks = hooks
-        self._sasl = SaslExchange(cluster.credentials)
+        self._sasl = SaslExchange(cluster.credentials, offered=self._options.sasl_mechanisms)
         self._agent = ""
         self.features: frozenset[int] = frozenset()
         self.user: str | None = None
@@ -273,7 +273,7 @@ class CommandProcessor:
         self._respond(frame, value=document, datatype=self._json_datatype())
 
     def _on_list_mechs(self, frame: Frame) -> None:
-        self._respond(frame, value=encode_sasl_mechanisms(MECHANISMS))
+        self._respond(frame, value=encode_sasl_mechanisms(self._sasl.offered))
 
     def _on_sasl_auth(self, frame: Frame) -> None:
         request = decode_request(frame)

@@ -12,7 +12,7 @@ from typing import Protocol
 
 from replicator.sim.bucket import SimBucket
 from replicator.sim.producer_stream import DEFAULT_SNAPPY_MIN_SIZE
-from replicator.sim.sasl_server import CredentialStore
+from replicator.sim.sasl_server import MECHANISMS, CredentialStore, check_mechanisms
 
 SERVER_VERSION = "7.6.2-3721-enterprise"
 """What VERSION (0x0b) answers; java-dcp-client reads the major.minor.patch from it."""
@@ -27,6 +27,8 @@ class ServerOptions:
     `batch_bytes` is how much stream data a loop turn queues for one write;
     `items_per_pull` how many items it takes from a cursor at a time.
     `send_rate_bytes_per_second` caps every connection's sends from the start (a slow network).
+    `sasl_mechanisms` is what the nodes offer (SASL_LIST_MECHS) and accept, as a node with some
+    mechanisms disabled would.
     """
 
     noop_time_scale: float = 1.0
@@ -36,8 +38,10 @@ class ServerOptions:
     server_version: str = SERVER_VERSION
     handshake_timeout_s: float = 10.0
     send_rate_bytes_per_second: int | None = None
+    sasl_mechanisms: tuple[str, ...] = MECHANISMS
 
     def __post_init__(self) -> None:
+        check_mechanisms(self.sasl_mechanisms)
         if self.noop_time_scale <= 0:
             raise ValueError(f"noop_time_scale must be positive, got {self.noop_time_scale}")
         if self.batch_bytes < 1024:

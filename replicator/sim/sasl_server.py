@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hmac
 import secrets
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from scramp import ScramException, ScramMechanism
@@ -18,7 +18,23 @@ from scramp import ScramException, ScramMechanism
 from replicator.dcp.opcodes import Status
 
 MECHANISMS = ("SCRAM-SHA512", "SCRAM-SHA256", "SCRAM-SHA1", "PLAIN")
-"""What SASL_LIST_MECHS answers, strongest first, spelled as Couchbase spells them."""
+"""What SASL_LIST_MECHS answers by default, strongest first, spelled as Couchbase spells them."""
+
+
+def check_mechanisms(mechanisms: Sequence[str]) -> tuple[str, ...]:
+    """`mechanisms` as a tuple, or ValueError if it is empty, repeats one or names an unknown one.
+
+    >>> check_mechanisms(["PLAIN"])
+    ('PLAIN',)
+    """
+    unknown = [name for name in mechanisms if name not in MECHANISMS]
+    if unknown:
+        raise ValueError(
+            f"unknown SASL mechanism {unknown[0]!r}: choose from {', '.join(MECHANISMS)}"
+        )
+    if not mechanisms or len(set(mechanisms)) != len(mechanisms):
+        raise ValueError("a node must offer at least one SASL mechanism, each once")
+    return tuple(mechanisms)
 
 _SCRAMP_NAMES = {
     "SCRAM-SHA512": "SCRAM-SHA-512",
@@ -91,10 +107,15 @@ class SaslReply:
 
 
 class SaslExchange:
-    """One connection's SASL conversation: SASL_AUTH starts it, SASL_STEP continues SCRAM."""
+    """One connection's SASL conversation: SASL_AUTH starts it, SASL_STEP continues SCRAM.
 
-    def __init__(self, store: CredentialStore) -> None:
+    `offered` is what the node lists (SASL_LIST_MECHS); any other mechanism is refused as
+    unknown, as on a node where it is disabled.
+    """
+
+    def __init__(self, store: CredentialStore, *, offered: Sequence[str] = MECHANISMS) -> None:
         self._store = store
+        self.offered = check_mechanisms(offered)
         self._mechanism: str | None = None
         self._scram: object | None = None
         self._username = ""
@@ -103,6 +124,8 @@ class SaslExchange:
         """Handle SASL_AUTH: PLAIN completes here; SCRAM answers with the server-first message."""
         self._mechanism = None
         self._scram = None
+        if mechanism not in self.offered:
+            return SaslReply(Status.NOT_SUPPORTED, f"unknown mechanism {mechanism[:40]}".encode())
         if mechanism == "PLAIN":
             return self._plain(payload)
         scramp_name = _SCRAMP_NAMES.get(mechanism)

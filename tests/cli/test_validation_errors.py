@@ -19,6 +19,7 @@ import pytest
 from replicator.cli import EXIT_USAGE, main
 from replicator.sim.bucket import SimBucket
 from replicator.sim.cluster import SimCluster, server_tls_context
+from replicator.sim.server import ServerOptions
 from replicator.sim.workload import initial_load
 from tests.cli import PASSWORD, REPO, assert_one_line_error, clean_env, run_cli
 from tests.dcp.scripted_peer import make_tls_files
@@ -43,6 +44,15 @@ def tls_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[SimC
     bucket = SimBucket("travel", num_vbuckets=4, seed=3)
     with SimCluster(bucket, nodes=1, users={"Administrator": PASSWORD}, tls_context=context) as c:
         yield c, other.ca_cert
+
+
+@pytest.fixture(scope="module")
+def sha512_only_cluster() -> Iterator[SimCluster]:
+    """A node that offers only SCRAM-SHA512 (SASL_LIST_MECHS), as one with the others disabled."""
+    bucket = SimBucket("travel", num_vbuckets=4, seed=3)
+    options = ServerOptions(sasl_mechanisms=("SCRAM-SHA512",))
+    with SimCluster(bucket, nodes=1, users={"Administrator": PASSWORD}, options=options) as c:
+        yield c
 
 
 def closed_port() -> int:
@@ -123,6 +133,8 @@ def test_delta_jars_missing(cluster: SimCluster, tmp_path: Path) -> None:
         ("[replicator]\nmemory_budget_mb = 2\n", "memory_budget_mb must be at least 8"),
         ('[replicator]\nvbuckets = "7-3"\n', "invalid vbuckets '7-3'"),
         ("[replicator]\ncommit_every = 5\n", "unknown setting 'commit_every'"),
+        ('[replicator]\nsasl_mechanism = "SCRAM-MD5"\n',
+         "invalid sasl_mechanism (--sasl-mechanism): unknown SASL mechanism 'SCRAM-MD5'"),
         ('[replicator]\npassword = "x"\n', "not in the config file"),
         ("[replicator\n", "is not valid TOML"),
     ],
@@ -143,6 +155,44 @@ def test_invalid_flag_value_from_the_environment(tmp_path: Path) -> None:
     )
     assert run.returncode == EXIT_USAGE
     assert_one_line_error(run.stderr, "progress must be one of")
+
+
+def test_an_unknown_sasl_mechanism_flag_names_the_valid_ones(tmp_path: Path) -> None:
+    run = run_cli(*run_args("couchbase://127.0.0.1/travel", tmp_path / "m",
+                            "--sasl-mechanism", "scram-md5"))
+    assert run.returncode == EXIT_USAGE
+    assert_one_line_error(
+        run.stderr, "unknown SASL mechanism 'scram-md5'",
+        "SCRAM-SHA512, SCRAM-SHA256, SCRAM-SHA1, PLAIN",
+    )
+
+
+def test_a_sasl_mechanism_the_node_does_not_offer(
+    sha512_only_cluster: SimCluster, tmp_path: Path
+) -> None:
+    port = sha512_only_cluster.node(0).port
+    run = run_cli(*run_args(sha512_only_cluster.connection_string, tmp_path / "m",
+                            "--sasl-mechanism", "SCRAM-SHA-256"))
+    assert run.returncode == EXIT_USAGE
+    assert_one_line_error(
+        run.stderr, f"127.0.0.1:{port}", "asks for SCRAM-SHA256",
+        "server offers only: SCRAM-SHA512.", "unset sasl_mechanism",
+    )
+    assert PASSWORD not in run.output
+    assert not (tmp_path / "m").exists()
+
+
+def test_plain_asked_for_over_tcp_is_refused_without_the_allow_flag(
+    cluster: SimCluster, tmp_path: Path
+) -> None:
+    run = run_cli(*run_args(cluster.connection_string, tmp_path / "m",
+                            "--sasl-mechanism", "PLAIN"))
+    assert run.returncode == EXIT_USAGE
+    assert_one_line_error(
+        run.stderr, "127.0.0.1:", "sasl_mechanism PLAIN", "--allow-plain-over-tcp"
+    )
+    assert PASSWORD not in run.output
+    assert not (tmp_path / "m").exists()
 
 
 def test_status_and_verify_need_their_arguments(tmp_path: Path) -> None:

@@ -168,3 +168,67 @@ def test_scram_challenge_with_a_foreign_nonce_is_refused() -> None:
 
     with pytest.raises(AuthenticationError, match="bad server challenge"):
         authenticate(roundtrip, Credentials("u", PASSWORD), ["SCRAM-SHA1"], node="n", tls=False)
+
+
+# --- a mechanism asked for (sasl_mechanism) ----------------------------------------------------
+
+
+@pytest.mark.parametrize("requested", list(SaslMechanism))
+def test_the_requested_mechanism_wins_over_the_preference(requested: SaslMechanism) -> None:
+    offered = ["SCRAM-SHA512", "SCRAM-SHA256", "SCRAM-SHA1", "PLAIN"]
+    assert choose_mechanism(offered, tls=True, requested=requested) is requested
+
+
+@pytest.mark.parametrize(
+    ("offered", "requested", "tls", "allow", "fragments"),
+    [
+        (["SCRAM-SHA512", "PLAIN"], SaslMechanism.SCRAM_SHA1, False, False,
+         ["asks for SCRAM-SHA1", "server offers only: SCRAM-SHA512, PLAIN.", "unset"]),
+        (["SCRAM-SHA512"], SaslMechanism.PLAIN, True, False,
+         ["asks for PLAIN", "server offers only: SCRAM-SHA512."]),
+        ([], SaslMechanism.SCRAM_SHA256, True, False, ["server offers only: none."]),
+        (["SCRAM-SHA512", "PLAIN"], SaslMechanism.PLAIN, False, False,
+         ["PLAIN", "clear over plain TCP", "couchbases://", "--allow-plain-over-tcp"]),
+    ],
+)
+def test_a_requested_mechanism_that_cannot_be_used_sends_nothing(
+    offered: list[str], requested: SaslMechanism, tls: bool, allow: bool, fragments: list[str]
+) -> None:
+    def roundtrip(opcode: int, key: bytes, value: bytes) -> tuple[int, bytes]:
+        raise AssertionError("nothing may be sent")
+
+    with pytest.raises(ConfigError) as caught:
+        authenticate(
+            roundtrip, Credentials("dcp", PASSWORD), offered, node="db7:11210", tls=tls,
+            allow_plain_over_tcp=allow, requested=requested,
+        )
+    text = str(caught.value)
+    assert text.startswith("db7:11210: ")
+    for fragment in fragments:
+        assert fragment in text
+    assert PASSWORD not in text
+
+
+def test_requested_plain_over_tcp_when_allowed_sends_it() -> None:
+    sent: list[bytes] = []
+
+    def roundtrip(opcode: int, key: bytes, value: bytes) -> tuple[int, bytes]:
+        sent.append(key)
+        return Status.SUCCESS, b""
+
+    used = authenticate(
+        roundtrip, Credentials("dcp", PASSWORD), ["SCRAM-SHA512", "PLAIN"], node="n", tls=False,
+        allow_plain_over_tcp=True, requested=SaslMechanism.PLAIN,
+    )
+    assert used is SaslMechanism.PLAIN and sent == [b"PLAIN"]
+
+
+@pytest.mark.parametrize("mechanism", ["SCRAM-SHA256", "SCRAM-SHA1"])
+def test_requested_scram_runs_that_exchange(mechanism: str) -> None:
+    roundtrip, seen = scram_server(PASSWORD)
+    used = authenticate(
+        roundtrip, Credentials("dcp", PASSWORD), ["SCRAM-SHA512", "SCRAM-SHA256", "SCRAM-SHA1"],
+        node="n", tls=False, requested=SaslMechanism(mechanism),
+    )
+    assert used.value == mechanism
+    assert seen == [Opcode.SASL_AUTH, Opcode.SASL_STEP]

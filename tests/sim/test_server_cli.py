@@ -82,6 +82,34 @@ def test_a_bad_option_is_one_line_on_stderr_and_exit_2() -> None:
     ]
 
 
+def test_an_unknown_sasl_mechanism_is_one_line_and_exit_2() -> None:
+    with simulator("--port", "0", "--sasl-mechanisms", "scram-sha-256,md5") as process:
+        stdout, stderr = process.communicate(timeout=20)
+    assert process.returncode == 2
+    assert stdout == ""
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1
+    assert lines[0].startswith("replicator sim: --sasl-mechanisms: unknown SASL mechanism 'md5'")
+    assert "SCRAM-SHA512, SCRAM-SHA256, SCRAM-SHA1, PLAIN" in lines[0]
+
+
+def test_the_nodes_offer_only_the_mechanisms_named() -> None:
+    flags = ["--port", "0", "--vbuckets", "4", "--docs", "0"]
+    flags += ["--sasl-mechanisms", "plain,Scram-Sha-1"]
+    with simulator(*flags) as process:
+        assert process.stdout is not None
+        seed = parse_connection_string(process.stdout.readline().strip()).seeds[0]
+        with RawClient(seed.host, seed.port) as client:
+            client.hello()
+            assert client.list_mechanisms().value == b"PLAIN SCRAM-SHA1"
+            refused = client.auth_scram(DEFAULT_USERNAME, DEFAULT_PASSWORD, "SCRAM-SHA512")
+            assert refused.status == Status.NOT_SUPPORTED
+            accepted = client.auth_scram(DEFAULT_USERNAME, DEFAULT_PASSWORD, "SCRAM-SHA1")
+            assert accepted.status == Status.SUCCESS
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(20) == 0
+
+
 def test_defaults_parse_without_serving() -> None:
     parser = argparse.ArgumentParser()
     add_sim_arguments(parser)
