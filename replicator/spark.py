@@ -7,7 +7,9 @@ runs get defaults sized for a small machine (few shuffle partitions, no UI).
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from replicator.errors import DeltaJarsMissing
@@ -42,6 +44,22 @@ LOCAL_DEFAULTS = {
     "spark.sql.sources.parallelPartitionDiscovery.parallelism": "2",
 }
 
+WAREHOUSE_CONF = "spark.sql.warehouse.dir"
+"""Where Spark keeps catalog tables. The replicator names every table by path and never uses
+it, but Spark creates it when a session starts, by default as `spark-warehouse/` in the current
+directory; local sessions put it under the temporary directory instead (`local_scratch_dir`)."""
+
+QUIET_LOGGERS = {
+    # Delta's MERGE materializes its source as a locally checkpointed RDD, so that both of its
+    # passes read the same rows, and unpersists that RDD once the MERGE is done. Spark warns
+    # at every such unpersist ("RDD N was locally checkpointed, its lineage has been truncated
+    # and cannot be recomputed after unpersisting"): nothing recomputes the source after its
+    # MERGE, so the warning is harmless, and it came with every data commit. RDD.unpersist
+    # logs as the RDD's class, MapPartitionsRDD here: other RDD classes, and errors, still log.
+    "org.apache.spark.rdd.MapPartitionsRDD": "ERROR",
+}
+"""Loggers of the driver's JVM held above WARN: each entry says why its warnings are harmless."""
+
 
 SMALL_DATA_CONF = {
     "spark.sql.codegen.wholeStage": "false",
@@ -55,6 +73,15 @@ applies these by default."""
 
 def _is_local(master: str) -> bool:
     return master.startswith("local")
+
+
+def local_scratch_dir() -> Path:
+    """This user's directory for what a local Spark driver writes outside any table.
+
+    One stable path, not a fresh one per session: a killed driver leaves nothing new behind,
+    and every session of a process asks for the same static settings.
+    """
+    return Path(tempfile.gettempdir()) / f"replicator-{os.getuid()}"
 
 
 def build_session(
@@ -87,6 +114,8 @@ def build_session(
     effective_master = settings.get("spark.master") or submitted.get("spark.master", "")
     if _is_local(effective_master):
         settings.update(LOCAL_DEFAULTS)
+        if WAREHOUSE_CONF not in submitted:
+            settings[WAREHOUSE_CONF] = str(local_scratch_dir() / "spark-warehouse")
     else:
         # A cluster (spark://, yarn, k8s): the operator's spark-submit settings win; nothing
         # here may assume the driver's host or disk.
@@ -111,8 +140,23 @@ def build_session(
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
+    _quiet_loggers(spark)
     ensure_delta_loaded(spark)
     return spark
+
+
+def _quiet_loggers(spark: SparkSession) -> None:
+    """Raise QUIET_LOGGERS' levels in the driver JVM's log4j configuration.
+
+    Set on the running JVM rather than through a log4j2.properties file: a file must be named
+    before the JVM starts (which spark-submit does before any Python runs) and would replace
+    the operator's own configuration.
+    """
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    log4j = jvm.org.apache.logging.log4j
+    for name, level in QUIET_LOGGERS.items():
+        log4j.core.config.Configurator.setLevel(name, log4j.Level.toLevel(level))
 
 
 def ensure_delta_loaded(spark: SparkSession) -> None:
@@ -153,5 +197,6 @@ def _brings_delta(submitted: Mapping[str, str]) -> bool:
 
 
 __all__ = [
-    "DELTA_CONF", "LOCAL_DEFAULTS", "SESSION_DEFAULTS", "build_session", "ensure_delta_loaded",
+    "DELTA_CONF", "LOCAL_DEFAULTS", "QUIET_LOGGERS", "SESSION_DEFAULTS", "WAREHOUSE_CONF",
+    "build_session", "ensure_delta_loaded", "local_scratch_dir",
 ]
