@@ -54,6 +54,14 @@ class NodeUnreachableError(NodeError):
     """No TCP connection could be made to the node."""
 
 
+class UnsupportedCommandError(NodeError):
+    """The node refused a command the caller needs (an older server, or a proxy without it)."""
+
+    def __init__(self, node: str, message: str, *, command: str) -> None:
+        super().__init__(node, message)
+        self.command = command
+
+
 class ConnectionLostError(NodeError):
     """An established connection broke or went silent; the cluster client reconnects."""
 

@@ -23,10 +23,11 @@ the client ask `committed_position(vb)` where to resume, and reopen the stream t
 
 Threads: each connection has an I/O thread; reconnects run in their own threads. Every
 reconnect waits `reconnect.delay(n)` first, n counting the node's connections in a row that
-failed to open or broke before proving healthy (the layer above acknowledged data of it while
-it was up, or it stayed up `connection_stable_after` seconds). Past the reconnect deadline,
-counted from the streak's first failure, `poll` raises ConnectionLostError naming the node and
-the last cause: a node that breaks right after every handshake is not reconnected forever.
+failed to open or broke before proving healthy (the layer above committed data it streamed,
+see `note_progress`, or it stayed up `connection_stable_after` seconds and did not end on a
+refused frame). Past the reconnect deadline, counted from the streak's first
+failure, `poll` raises ConnectionLostError naming the node and the last cause: a node that
+breaks right after every handshake is not reconnected forever.
 Stream requests, retries and reopens are sent from the caller's thread inside `poll` and
 `open_stream`. All waits have timeouts.
 
@@ -43,7 +44,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -100,9 +101,13 @@ from replicator.errors import (
     ProtocolError,
     ReplicatorError,
     TlsError,
+    UnsupportedCommandError,
 )
 
 log = logging.getLogger(__name__)
+
+SAME_FRAME_REPORTED_AFTER = 3
+"""Connections in a row broken by the same refused frame before an error line says so."""
 
 PERMANENT_ERRORS = (AuthenticationError, BucketNotFoundError, TlsError, ConfigError)
 """Failures that retrying with the same settings cannot fix: raised, never retried."""
@@ -123,10 +128,13 @@ class ClientOptions:
     """Pacing of stream requests answered ETMPFAIL / NOT_MY_VBUCKET / stream exists."""
     max_batch_events: int = 10_000
     connection_stable_after: float = 60.0
-    """A connection that stayed up this long (or delivered data the layer above acknowledged
-    while it was up) ends its node's streak of failures: its loss is reconnected after the
-    initial delay again. One that breaks sooner (say, on a bad frame right after every stream
-    request) counts towards the reconnect backoff and deadline."""
+    """A connection that stayed up this long, or was proven healthy by committed progress
+    (`DcpClient.note_progress`), ends its node's streak of failures: its loss is reconnected
+    after the initial delay again. One that breaks sooner counts towards the reconnect backoff
+    and deadline. Acknowledged data proves nothing (a snapshot marker is acknowledged before
+    the frame after it is refused), and a connection broken by a refused frame is healthy only
+    if proven: a producer that sends a bad frame a minute after every reconnect must not be
+    retried forever."""
 
     def __post_init__(self) -> None:
         if self.max_batch_events < 1:
@@ -191,6 +199,8 @@ class _FailureStreak:
     """time.monotonic() of the streak's first failure: the reconnect deadline counts from it."""
     failures: int = 0
     last_cause: ReplicatorError | None = None
+    same_cause: int = 0
+    """How many failures in a row ended with the same error text as `last_cause`."""
 
 
 @dataclass(slots=True)
@@ -243,7 +253,7 @@ class DcpClient:
         self._queue: collections.deque[_Queued] = collections.deque()
         self._failure_streaks: dict[KvNode, _FailureStreak] = {}
         self._proven: set[int] = set()
-        """Live connections whose data the layer above acknowledged: they were healthy."""
+        """Live connections proven healthy by committed progress (see `note_progress`)."""
         self._errors: collections.deque[BaseException] = collections.deque()
         self._fatal: ReplicatorError | None = None
         self._last_connection_error: ReplicatorError | None = None
@@ -385,10 +395,17 @@ class DcpClient:
         for connection_id, size in counts.items():
             with self._lock:
                 connection = self._by_id.get(connection_id)
-                if connection is not None and size:
-                    self._proven.add(connection_id)
             if connection is not None:
                 connection.acknowledge(size)
+
+    def note_progress(self, vbuckets: Iterable[int]) -> None:
+        """The layer above committed changes of these vbuckets: the connections streaming them
+        are proven healthy (ClientOptions.connection_stable_after)."""
+        with self._lock:
+            for vb in vbuckets:
+                stream = self._streams.get(vb)
+                if stream is not None and stream.connection_id is not None:
+                    self._proven.add(stream.connection_id)
 
     def failover_log(self, vbucket: int, *, timeout: float | None = None) -> FailoverLog:
         """The vbucket's current failover log from its active node (GET_FAILOVER_LOG)."""
@@ -410,16 +427,35 @@ class DcpClient:
             opcode=Opcode.DCP_GET_FAILOVER_LOG,
         )
 
-    def high_seqnos(self, *, timeout: float | None = None) -> dict[int, int]:
-        """Every active vbucket's high seqno (GET_ALL_VB_SEQNOS on each node)."""
+    def high_seqnos(
+        self, *, timeout: float | None = None, connected_only: bool = False
+    ) -> dict[int, int]:
+        """Every active vbucket's high seqno (GET_ALL_VB_SEQNOS on each node).
+
+        `connected_only`: ask only the nodes connected now, without waiting for the others
+        (their vbuckets are missing from the answer): a periodic check must not stall its
+        caller while a node is down.
+        """
         cluster_map = self.cluster_map
         seqnos: dict[int, int] = {}
         for node in cluster_map.nodes:
             owned = set(cluster_map.vbuckets_of(node))
             if not owned:
                 continue
+            if connected_only:
+                with self._lock:
+                    current = self._connections.get(node)
+                if current is None or not current.is_open:
+                    continue
             connection = self._connection_to(node, timeout)
             reply = connection.call(GetAllVbSeqnos(VbucketState.ACTIVE), timeout)
+            if reply.status != Status.SUCCESS:
+                raise UnsupportedCommandError(
+                    connection.address,
+                    f"GET_ALL_VB_SEQNOS (0x{int(Opcode.GET_ALL_VB_SEQNOS):02x}) refused "
+                    f"({reply.status_name}): the node cannot tell its vbuckets' high seqnos",
+                    command="GET_ALL_VB_SEQNOS",
+                )
             for record in vbucket_seqnos_of(reply):
                 if record.vbucket in owned:
                     seqnos[record.vbucket] = record.seqno
@@ -434,9 +470,11 @@ class DcpClient:
             )
         reply = connection.call(GetCollectionsManifest(), timeout)
         if reply.status != Status.SUCCESS:
-            raise ProtocolError(
-                f"GET_COLLECTIONS_MANIFEST failed on {connection.address}: {reply.status_name}",
-                opcode=Opcode.GET_COLLECTIONS_MANIFEST,
+            raise UnsupportedCommandError(
+                connection.address,
+                f"GET_COLLECTIONS_MANIFEST (0x{int(Opcode.GET_COLLECTIONS_MANIFEST):02x}) "
+                f"refused ({reply.status_name}): the node cannot tell the bucket's collections",
+                command="GET_COLLECTIONS_MANIFEST",
             )
         try:
             manifest = json.loads(response_value(reply))
@@ -622,17 +660,41 @@ class DcpClient:
             streak = _FailureStreak(first_at=time.monotonic())
             self._failure_streaks[node] = streak
         streak.failures += 1
+        same = streak.last_cause is not None and str(streak.last_cause) == str(cause)
+        streak.same_cause = streak.same_cause + 1 if same else 1
         streak.last_cause = cause
+        if isinstance(cause, ProtocolError) and streak.same_cause == SAME_FRAME_REPORTED_AFTER:
+            left = self._options.reconnect.deadline - (time.monotonic() - streak.first_at)
+            log.error(
+                "%s: the same frame was refused %d times in a row, on every new connection: %s; "
+                "reconnecting with backoff until the deadline (%.0f s left), then the run fails",
+                node, streak.same_cause, cause, max(0.0, left),
+            )
         return streak.failures
 
     def _gave_up_on(self, node: KvNode, streak: _FailureStreak) -> ConnectionLostError:
         """The fatal error of a node whose streak outlasted the reconnect deadline."""
+        cause = streak.last_cause
+        if isinstance(cause, ProtocolError) and streak.same_cause > 1:
+            what = (
+                f"the same frame was refused {streak.same_cause} times in a row ({cause}); the "
+                "producer sends something this consumer cannot apply: check the server's version "
+                "and DCP settings, or report the frame; the mirror stays at its committed "
+                "position and a new run resumes from there"
+            )
+        elif isinstance(cause, ProtocolError):
+            what = (
+                f"{streak.failures} connections in a row broke before committing anything; "
+                f"last cause: {cause}; check the server's version and DCP settings"
+            )
+        else:
+            what = (
+                f"{streak.failures} connections in a row failed, or broke within "
+                f"{self._options.connection_stable_after:g} s before committing anything; last "
+                f"cause: {cause}; check that the node is up and reachable from this host"
+            )
         return ConnectionLostError(
-            str(node),
-            f"could not reconnect within {self._options.reconnect.deadline:g} s: "
-            f"{streak.failures} connections in a row failed, or broke within "
-            f"{self._options.connection_stable_after:g} s of opening before any of their data "
-            f"was acknowledged; last cause: {streak.last_cause}",
+            str(node), f"could not reconnect within {self._options.reconnect.deadline:g} s: {what}"
         )
 
     def _set_fatal(self, error: ReplicatorError) -> None:
@@ -1102,7 +1164,9 @@ class DcpClient:
             if node is not None:
                 opened_at = connection.opened_at
                 lived = 0.0 if opened_at is None else time.monotonic() - opened_at
-                healthy = proven or lived >= self._options.connection_stable_after
+                # A refused frame is the producer's doing: only progress proves such a link.
+                stable = lived >= self._options.connection_stable_after
+                healthy = proven or (stable and not isinstance(error, ProtocolError))
                 self._count_failure(node, error, fresh=healthy)
             self._by_id.pop(connection.connection_id, None)
             if node is not None and self._connections.get(node) is connection:

@@ -307,6 +307,15 @@ class SimBucket:
 
     # -- operations on the cluster ------------------------------------------------------
 
+    def lose_history(self, vbucket: int, lose_last: int) -> None:
+        """Forget a vbucket's last `lose_last` items and keep its uuid (a broken producer)."""
+        with self.condition:
+            vb = self.vbucket(vbucket)
+            vb.lose_history(lose_last)
+            missing = self._manifest.changes[vb.manifest_events_applied :]
+            vb.apply_manifest_changes(missing)
+        self._notify((vbucket,))
+
     def failover(self, vbucket: int, lose_last: int) -> FailoverLog:
         """Fail a vbucket over to a replica that lacked its last `lose_last` items.
 

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import ssl
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
 
 from replicator.dcp.connstr import format_address
@@ -313,6 +313,33 @@ class SimCluster:
         roll back when it reconnects. Returns the new failover log.
         """
         return self._bucket.failover(vbucket, lose_last)
+
+    def lose_history(self, vbucket: int, lose_last: int) -> None:
+        """Forget `vbucket`'s last `lose_last` items under the same uuid, as a producer that
+        restarted with older data and kept its failover log would: no real server does this,
+        and a consumer that committed the lost items must notice it itself."""
+        self._bucket.lose_history(vbucket, lose_last)
+
+    def end_streams(self, reason: StreamEndReason, vbuckets: Iterable[int] | None = None) -> None:
+        """End open streams (of these vbuckets, else all) with STREAM_END `reason`, unasked:
+        OK on an open-ended stream is what a producer that stops after its backfill sends."""
+        for node in self._nodes:
+            node.end_streams(reason, vbuckets)
+
+    def refuse_commands(self, *opcodes: int) -> None:
+        """Answer these requests UNKNOWN_COMMAND on every node, as a server without them would
+        (no arguments: accept everything again)."""
+        for node in self._nodes:
+            node.refused_opcodes = frozenset(int(op) for op in opcodes)
+
+    def always_send_malformed(self, kind: MalformedFrame | None) -> None:
+        """Break the first mutation, deletion or expiration of every connection, present and
+        future, after its good snapshot marker (None stops it): a producer whose document
+        frames this consumer refuses, every time it reconnects."""
+        for node in self._nodes:
+            node.malformed_documents = kind
+            if kind is not None:
+                node.inject_malformed_documents(kind)
 
     def purge_tombstones(self, vbucket: int, up_to: int | None = None) -> int:
         """Purge a vbucket's tombstones (all, or up to a seqno); returns the purge seqno."""

@@ -185,11 +185,15 @@ class CommandProcessor:
         self.user: str | None = None
         self.bucket_selected = False
         self.dcp: DcpState | None = None
+        self.refused_opcodes: frozenset[int] = frozenset()
+        """Commands answered UNKNOWN_COMMAND, as by a server without them (a fault mode)."""
 
     def handle(self, frame: Frame) -> None:
         """Answer one request (magic 0x80 or 0x08) in order, as kv_engine would."""
         opcode = frame.opcode
         handler = self._handlers.get(opcode)
+        if opcode in self.refused_opcodes:
+            handler = None  # a fault: this node behaves as a server without the command
         if handler is None and opcode not in _PRODUCER_ONLY_OPCODES:
             self._respond(frame, Status.UNKNOWN_COMMAND)
             return

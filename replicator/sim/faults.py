@@ -15,7 +15,7 @@ from collections.abc import Callable
 from replicator.dcp.frame import HEADER_SIZE
 from replicator.dcp.opcodes import Opcode
 
-_DOCUMENT_OPCODES = frozenset(
+DOCUMENT_OPCODES = frozenset(
     {int(Opcode.DCP_MUTATION), int(Opcode.DCP_DELETION), int(Opcode.DCP_EXPIRATION)}
 )
 
@@ -38,7 +38,7 @@ class MalformedFrame(enum.Enum):
     def applies_to(self, frame: bytes, *, collections: bool) -> bool:
         """Whether this corruption can be applied to `frame` (a whole classic frame)."""
         if self is MalformedFrame.BAD_LEB128:
-            return collections and frame[1] in _DOCUMENT_OPCODES and _key_length(frame) > 0
+            return collections and frame[1] in DOCUMENT_OPCODES and _key_length(frame) > 0
         if self is MalformedFrame.BAD_EXTRAS:
             return frame[4] > 3
         if self is MalformedFrame.BAD_LENGTHS:

@@ -32,7 +32,7 @@ from replicator.dcp.frame import Frame, FrameReader
 from replicator.dcp.opcodes import HelloFeature, Magic, Opcode
 from replicator.errors import ProtocolError
 from replicator.sim.commands import CommandProcessor
-from replicator.sim.faults import MalformedFrame, SendRateLimit
+from replicator.sim.faults import DOCUMENT_OPCODES, MalformedFrame, SendRateLimit
 from replicator.sim.node_context import SERVER_VERSION, ClusterContext, ServerOptions
 
 __all__ = ["SERVER_VERSION", "ClusterContext", "NodeServer", "ServerOptions", "Session"]
@@ -82,6 +82,7 @@ class Session:
         self._stalled = False
         self._rate: SendRateLimit | None = SendRateLimit(node.send_rate) if node.send_rate else None
         self._malformed: MalformedFrame | None = None
+        self._malformed_documents = node.malformed_documents
         self._want_write = False
         self._selector: selectors.BaseSelector | None = None
         self._sock_registered = False
@@ -287,6 +288,7 @@ class Session:
             return  # a reply to a cluster-map notification: dropped, as kv_engine does
         if magic == Magic.SERVER_REQUEST:
             raise _ConnectionClosed("client sent a server-only magic 0x82")
+        self._commands.refused_opcodes = self.node.refused_opcodes
         self._commands.handle(frame)
 
     def queue(self, data: bytes) -> None:
@@ -399,6 +401,15 @@ class Session:
                 ):
                     frame = self._malformed.corrupt(frame)
                     self._malformed = None
+                elif (
+                    self._malformed_documents is not None
+                    and frame[1] in DOCUMENT_OPCODES
+                    and self._malformed_documents.applies_to(
+                        frame, collections=HelloFeature.COLLECTIONS in self._commands.features
+                    )
+                ):
+                    frame = self._malformed_documents.corrupt(frame)
+                    self._malformed_documents = None
                 self._out += frame
                 size = len(frame)
                 budget -= size
@@ -462,6 +473,9 @@ class Session:
     def _set_malformed(self, kind: MalformedFrame) -> None:
         self._malformed = kind
 
+    def _set_malformed_documents(self, kind: MalformedFrame) -> None:
+        self._malformed_documents = kind
+
     def _push_cluster_map(self) -> None:
         features = self._commands.features
         if not (
@@ -513,6 +527,11 @@ class NodeServer:
         """New and existing connections send nothing while set (see `stall`)."""
         self.send_rate: int | None = cluster.options.send_rate_bytes_per_second
         """Bytes per second every connection may send (None: no cap)."""
+        self.refused_opcodes: frozenset[int] = frozenset()
+        """Requests every connection answers UNKNOWN_COMMAND (see SimCluster.refuse_commands)."""
+        self.malformed_documents: MalformedFrame | None = None
+        """Break the first document message of every connection, present and future (see
+        SimCluster.always_send_malformed)."""
 
     @property
     def port(self) -> int:
@@ -589,6 +608,18 @@ class NodeServer:
         self.send_rate = bytes_per_second
         for session in self.sessions():
             session.set_send_rate(bytes_per_second)
+
+    def end_streams(self, reason: StreamEndReason, vbuckets: Iterable[int] | None = None) -> None:
+        """End the open streams of these vbuckets (all by default) with STREAM_END `reason`."""
+        for session in self.sessions():
+            session.end_streams(
+                range(self.cluster.bucket.num_vbuckets) if vbuckets is None else vbuckets, reason
+            )
+
+    def inject_malformed_documents(self, kind: MalformedFrame) -> None:
+        """Break the next document message of every open connection."""
+        for session in self.sessions():
+            session.post(lambda s: s._set_malformed_documents(kind))
 
     def inject_malformed(self, kind: MalformedFrame) -> int:
         """Break the next DCP message of every open DCP connection; returns how many."""

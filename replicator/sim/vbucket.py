@@ -361,6 +361,20 @@ class VBucket:
             self.lock.notify_all()
             return entry
 
+    def lose_history(self, lose_last: int) -> None:
+        """Forget the last `lose_last` items WITHOUT a new failover entry: what a broken
+        producer does when it restarts with less data under the same vbucket uuid. Real
+        servers never do this; the consumer must notice (high seqno below its own)."""
+        with self.lock:
+            high = len(self._history)
+            if not 0 <= lose_last <= high:
+                raise ValueError(
+                    f"vbucket {self.vbucket}: lose_last must be in 0..{high}, got {lose_last}"
+                )
+            self._truncate(high - lose_last)
+            self._generation += 1
+            self.lock.notify_all()
+
     # -- streams ------------------------------------------------------------------------
 
     def stream_request(self, request: StreamRequest) -> StreamDecision:

@@ -610,7 +610,7 @@ def test_node_breaking_after_every_handshake_is_backed_off_then_given_up(
         elapsed = time.monotonic() - started
     message = str(caught.value)
     assert message.startswith(f"{peer.address}: could not reconnect within 0.5 s")
-    assert "last cause" in message and "opcode 0x57" in message
+    assert "the same frame was refused" in message and "opcode 0x57" in message
     assert deadline <= elapsed < deadline + 2.0
     # Delays of at least 0.025, 0.05, 0.1, 0.1, ... s: a handful of sessions fit, not dozens.
     assert 3 <= len(peer.sessions) <= 10
@@ -652,9 +652,12 @@ def test_a_connection_that_stayed_up_starts_a_fresh_streak(peer: ScriptedPeer) -
         assert not client.poll(timeout=0)
 
 
-def test_a_connection_whose_data_was_acknowledged_starts_a_fresh_streak(
-    peer: ScriptedPeer,
+@pytest.mark.parametrize("committed", [True, False], ids=["committed", "acknowledged-only"])
+def test_a_connection_whose_data_was_committed_starts_a_fresh_streak(
+    peer: ScriptedPeer, committed: bool
 ) -> None:
+    """Committed progress (note_progress) proves a connection healthy; data acknowledged but
+    not committed does not (a marker is acknowledged before the frame after it is refused)."""
     options = ClientOptions(
         connection=OPTIONS.connection,
         reconnect=Backoff(initial=0.05, maximum=0.05, deadline=0.08, jitter=False),
@@ -662,14 +665,24 @@ def test_a_connection_whose_data_was_acknowledged_starts_a_fresh_streak(
     with make_client(peer, Positions(), options=options) as client:
         client.open_stream(0, VbucketPosition.beginning(0), None)
         consumer = Consumer(client)
-        for losses in range(3):  # three short-lived connections, over more than the deadline
-            consumer.until(has(StreamOpened, losses + 1))
-            session = peer.dcp_session(losses)
-            session.send_event(mutation(0, losses + 1), opaque=session.stream_opaque(0))
-            consumer.until(has(Mutation, losses + 1))  # acknowledged while the connection is up
-            session.close()
-            consumer.until(has(StreamEnd, losses + 1))
-        consumer.until(has(StreamOpened, 4))  # reopened on a fourth connection, no fatal error
+
+        def three_short_lived_connections() -> None:  # together longer than the deadline
+            for losses in range(3):
+                consumer.until(has(StreamOpened, losses + 1))
+                session = peer.dcp_session(losses)
+                session.send_event(mutation(0, losses + 1), opaque=session.stream_opaque(0))
+                consumer.until(has(Mutation, losses + 1))  # acknowledged while it is up
+                if committed:
+                    client.note_progress([0])
+                session.close()
+                consumer.until(has(StreamEnd, losses + 1))
+            consumer.until(has(StreamOpened, 4))  # reopened on a fourth connection
+
+        if committed:
+            three_short_lived_connections()
+        else:
+            with pytest.raises(ConnectionLostError, match=r"could not reconnect within 0\.08 s"):
+                three_short_lived_connections()
 
 
 # --- flow control ------------------------------------------------------------------------

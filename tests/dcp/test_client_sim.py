@@ -7,6 +7,7 @@ tells the client its committed positions; every test ends by comparing it with t
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import time
 from collections.abc import Iterator
@@ -379,4 +380,80 @@ def test_queued_events_stay_within_the_windows_while_the_layer_above_waits(
             client.high_seqnos()
             assert client.queued_bytes <= bound
         catch_up(client, mirror, bucket, timeout=30.0)  # released by acknowledging: no stall
+        assert mirror.live_state() == bucket_state(bucket)
+
+
+def test_a_frame_refused_after_a_good_marker_on_every_connection_fails_at_the_deadline(
+    cluster: SimCluster, bucket: SimBucket, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every new connection sends a good snapshot marker, then a mutation the consumer refuses.
+    The markers are acknowledged, but acknowledged data proves no health: the node's streak of
+    failures runs on and the client gives up at its deadline, naming the node and the frame."""
+    mirror = Mirror(NUM_VBUCKETS)
+    cluster.always_send_malformed(MalformedFrame.BAD_EXTRAS)
+    deadline = 2.0
+    client = DcpClient(
+        cluster.connection_string,
+        CREDENTIALS,
+        options=dataclasses.replace(
+            options(), reconnect=Backoff(initial=0.05, maximum=0.2, deadline=deadline)
+        ),
+        committed_position=mirror.committed_position,
+    )
+    for vb in range(NUM_VBUCKETS):
+        client.open_stream(vb, *mirror.committed_position(vb))
+    markers = 0
+    started = time.monotonic()
+    with client, pytest.raises(ConnectionLostError) as failure:
+        while time.monotonic() - started < 30.0:
+            batch = client.poll(timeout=0.2)
+            markers += sum(isinstance(event, SnapshotMarker) for event in batch)
+            for event in batch:
+                mirror.apply(event)
+            client.acknowledge(batch)
+    took = time.monotonic() - started
+
+    assert markers >= 2, "good markers came (and were acknowledged) before the refused frames"
+    text = str(failure.value)
+    assert text.startswith("127.0.0.1:"), text
+    assert "the same frame was refused" in text and "times in a row" in text, text
+    assert "extras" in text and "check the server's version" in text, text
+    assert took < deadline + 10.0
+    assert any(
+        "the same frame was refused 3 times in a row" in record.getMessage()
+        for record in caplog.records
+    )
+    assert all(seqno == 0 for seqno in mirror.committed.values())
+
+
+def test_committed_progress_proves_a_connection_that_later_breaks_on_a_refused_frame(
+    cluster: SimCluster, bucket: SimBucket
+) -> None:
+    """A connection whose data the layer above committed was healthy: when the producer later
+    sends a frame the consumer refuses, the node's streak starts afresh instead of carrying
+    the failures of an earlier bad stretch to the deadline."""
+    mirror = Mirror(NUM_VBUCKETS)
+    deadline = 3.0
+    client = DcpClient(
+        cluster.connection_string,
+        CREDENTIALS,
+        options=dataclasses.replace(
+            options(), reconnect=Backoff(initial=0.05, maximum=0.2, deadline=deadline)
+        ),
+        committed_position=mirror.committed_position,
+    )
+    for vb in range(NUM_VBUCKETS):
+        client.open_stream(vb, *mirror.committed_position(vb))
+    with client:
+        for round_ in range(3):
+            # A bad stretch (each node's connection breaks once on a refused frame), then the
+            # new connections deliver changes that are committed and reported as progress.
+            assert cluster.send_malformed_frame(MalformedFrame.BAD_EXTRAS) == 2
+            load(bucket, 16, prefix=f"round-{round_}")
+            catch_up(client, mirror, bucket)
+            client.note_progress(range(NUM_VBUCKETS))
+            time.sleep(deadline / 2)  # the rounds together outlast the deadline
+            load(bucket, 16, prefix=f"after-{round_}")
+            catch_up(client, mirror, bucket)
+            client.note_progress(range(NUM_VBUCKETS))
         assert mirror.live_state() == bucket_state(bucket)
