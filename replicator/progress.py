@@ -25,6 +25,10 @@ class ProgressSnapshot:
     vbuckets_caught_up: int
     vbuckets_total: int
     lag_seqnos: int
+    reopening: int = 0
+    """Vbuckets whose stream the producer ended unasked, waiting out a backoff to reopen."""
+    early_ends: int = 0
+    """Streams the producer ended unasked since the start."""
 
 
 def format_duration(seconds: float) -> str:
@@ -111,4 +115,8 @@ class ProgressReporter:
             f"caught_up={snapshot.vbuckets_caught_up}/{snapshot.vbuckets_total} "
             f"lag_seqnos={snapshot.lag_seqnos} commits={snapshot.commits} "
             f"rollbacks={snapshot.rollbacks}"
+            + (
+                f" early_stream_ends={snapshot.early_ends} reopening={snapshot.reopening}"
+                if snapshot.early_ends else ""
+            )
         )

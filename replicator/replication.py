@@ -34,7 +34,8 @@ from replicator.dcp.events import (
     StreamOpened,
 )
 from replicator.dcp.positions import FailoverLog, VbucketPosition
-from replicator.errors import ConnectionLostError
+from replicator.dcp.streams import EndAction, StreamState, stream_end_action
+from replicator.errors import ConnectionLostError, ReplicatorError
 from replicator.progress import ProgressReporter, ProgressSnapshot
 from replicator.snapshots.planner import (
     CommitBatch,
@@ -45,6 +46,7 @@ from replicator.snapshots.planner import (
     stretched_for_slow_commits,
 )
 from replicator.snapshots.staging import StagedSnapshots, StreamStager
+from replicator.watchdog import SourceWatch, StreamWatchdog
 
 if TYPE_CHECKING:
     from replicator.dcp.client import DcpClient
@@ -56,6 +58,15 @@ ROLLBACK_STORM_LIMIT = 5
 
 COMMIT_WATCH_INTERVAL_S = 0.05
 """Longest poll while a commit is in flight: the next one is planned soon after it lands."""
+
+SOURCE_CHECK_INTERVAL_S = 30.0
+"""How often a run asks the producer for its high seqnos (lag, and a source behind the mirror)."""
+
+SOURCE_CHECK_TIMEOUT_S = 5.0
+"""Longest wait of a periodic source check for one answer."""
+
+LOST_HISTORY_REASON = "source behind the mirror: lost history"
+"""The rollback reason recorded when the producer has less than the mirror on the same history."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +127,9 @@ class VbucketProgress:
     last_rollback_seqno: int | None = None
     same_rollback_streak: int = 0
     streaming: bool = False
+    lost_history: bool = False
+    """The producer's high seqno fell below the committed one on the same history: the vbucket
+    is resynced from 0 as soon as its stream is closed."""
     history_confirmed: bool = False
     """The producer accepted a stream from the committed position since the last rollback.
 
@@ -201,6 +215,7 @@ class Replication:
         heartbeat_interval_s: float = 15.0,
         clock: Callable[[], float] = time.monotonic,
         commit_in_background: bool = True,
+        source_check_interval_s: float = SOURCE_CHECK_INTERVAL_S,
     ) -> None:
         self._source = source
         self._store = store
@@ -226,6 +241,9 @@ class Replication:
         )
         self._in_flight: CommitInFlight | None = None
         self._last_heartbeat = clock()
+        self._watchdog = StreamWatchdog(clock)
+        self._source_watch = SourceWatch(source_check_interval_s, clock)
+        self._source_check_failed = False
         self.stats = ReplicationStats()
 
     # --- lifecycle ---------------------------------------------------------------------
@@ -241,8 +259,13 @@ class Replication:
             if self._targets is not None:
                 state.target_seqno = self._targets.get(vb, 0)
             self._state[vb] = state
+        # A source that lost history the mirror has is found before anything streams.
+        lost = self._check_source()
         for state in self._state.values():
-            self._open(state)
+            if state.vbucket in lost:
+                self._resync_lost_history(state)
+            else:
+                self._open(state)
 
     def after_each_step(self, observer: Callable[[Replication], None]) -> None:
         """Call `observer(self)` on the replication thread after every step (progress readers
@@ -287,6 +310,8 @@ class Replication:
                 self.step(poll_timeout=self._poll_timeout())
                 for observer in self._step_observers:
                     observer(self)
+                if self._source_watch.due():
+                    self._close_lost_history(self._check_source(waiting=False))
                 if self._heartbeat_due() and self._in_flight is None:
                     self._start_heartbeat()
             # A clean stop commits what is complete (a short commit) and abandons partial
@@ -308,6 +333,7 @@ class Replication:
     def step(self, *, poll_timeout: float) -> None:
         """One turn: poll, stage and acknowledge, then, when the commit in flight (if any) has
         landed, start the next commit if a threshold is reached."""
+        self._reopen_due()
         batch = self._source.poll(timeout=poll_timeout)
         for event in batch:
             self._handle(event)
@@ -364,10 +390,10 @@ class Replication:
             state.streaming = False
             self._rollback(state, event.rollback_seqno)
         elif isinstance(event, StreamEnd):
-            self._staging.feed(event)
-            if event.reason is StreamEndReason.OK or event.reason is StreamEndReason.CLOSED:
-                state.streaming = False
+            if stream_end_action(event.reason) is EndAction.FINAL:
+                self._stream_ended(state, event)
             else:
+                self._staging.feed(event)
                 # The client reopens from committed_position(): drop everything above it so
                 # the re-sent snapshots are neither duplicated nor mixed with the old stream.
                 # A commit in flight may move that boundary: it lands first.
@@ -378,7 +404,97 @@ class Replication:
         else:
             self._staging.feed(event)
 
-    def _rollback(self, state: VbucketProgress, rollback_seqno: int) -> None:
+    def _stream_ended(self, state: VbucketProgress, end: StreamEnd) -> None:
+        """A stream ended for good on the client's side (OK, CLOSED, FILTER_EMPTY,
+        LOST_PRIVILEGES): expected only when this driver closed it; otherwise reopen it."""
+        state.streaming = False
+        # Streams are requested open-ended, so an OK end is never "end seqno reached": what
+        # a producer stopped sending mid-snapshot must not be committed as a whole snapshot.
+        voiding = end if end.reason is not StreamEndReason.OK else StreamEnd(
+            end.vbucket, StreamEndReason.CLOSED, end.stream_id
+        )
+        self._staging.feed(voiding)
+        if state.lost_history:
+            self._resync_lost_history(state)
+        elif end.reason is StreamEndReason.LOST_PRIVILEGES:
+            raise ReplicatorError(
+                f"vbucket {state.vbucket}: the producer ended its stream because the user lost "
+                "its privileges on the bucket: grant it DCP read access (the Data DCP Reader "
+                "role) and run again; the mirror stays at its committed position"
+            )
+        elif not state.caught_up:
+            self._watchdog.ended_early(state.vbucket, end.reason, state.committed)
+
+    def _reopen_due(self) -> None:
+        """Reopen the streams whose backoff after an unasked end has passed."""
+        due = self._watchdog.due()
+        if not due:
+            return
+        # Reopened from the committed boundary: what is staged above it is sent again.
+        self._finish_commit_in_flight()
+        for vb in due:
+            state = self._state[vb]
+            if state.streaming or state.caught_up:
+                continue
+            self._staging.discard(vb, resume_seqno=state.committed.seqno)
+            self._open(state)
+
+    def _check_source(self, *, waiting: bool = True) -> set[int]:
+        """Fetch the producer's high seqnos (the lag); the vbuckets whose producer has less than
+        the mirror committed, on the same history: it lost data without a failover.
+
+        Not `waiting`: ask only connected nodes, briefly (the periodic check, on the thread
+        that streams, must not stall while a node is down)."""
+        timeout = None if waiting else SOURCE_CHECK_TIMEOUT_S
+        try:
+            highs = self._source.high_seqnos(timeout=timeout, connected_only=not waiting)
+        except ReplicatorError as exc:
+            if not self._source_check_failed:
+                log.warning("cannot read the producer's high seqnos; lag is unknown until it "
+                            "answers: %s", exc)
+            self._source_check_failed = True
+            self._source_watch.update({})
+            return set()
+        self._source_check_failed = False
+        self._source_watch.update({vb: high for vb, high in highs.items() if vb in self._state})
+        lost: set[int] = set()
+        for vb in self._source_watch.behind(self.positions()):
+            state = self._state[vb]
+            try:
+                current = self._source.failover_log(vb, timeout=timeout)
+            except ReplicatorError as exc:
+                log.warning("vbucket %d: cannot read its failover log: %s", vb, exc)
+                continue
+            if current.newest.vbucket_uuid != state.committed.vbucket_uuid:
+                continue  # a new history: the stream request gets the producer's rollback
+            log.warning(
+                "vbucket %d: the producer's high seqno %d is below the mirror's committed seqno "
+                "%d on the same history (uuid %#x): the producer lost changes without a "
+                "failover; resyncing the vbucket from 0",
+                vb, highs[vb], state.committed.seqno, state.committed.vbucket_uuid,
+            )
+            lost.add(vb)
+        return lost
+
+    def _close_lost_history(self, lost: set[int]) -> None:
+        """Close the open streams of vbuckets that lost history; each is resynced at its end."""
+        for vb in sorted(lost):
+            state = self._state[vb]
+            if not state.streaming:
+                self._watchdog.forget(vb)
+                self._resync_lost_history(state)
+            elif self._source.stream_state(vb) is StreamState.OPEN:
+                state.lost_history = True
+                self._source.close_stream(vb)
+            # Otherwise the stream is being (re)opened: the next check finds it again.
+
+    def _resync_lost_history(self, state: VbucketProgress) -> None:
+        state.lost_history = False
+        self._rollback(state, 0, reason=LOST_HISTORY_REASON)
+
+    def _rollback(
+        self, state: VbucketProgress, rollback_seqno: int, *, reason: str | None = None
+    ) -> None:
         vb = state.vbucket
         self._finish_commit_in_flight()  # it may hold this vbucket: roll back what it commits
         state.history_confirmed = False
@@ -397,10 +513,10 @@ class Replication:
         fresh_log = self._source.failover_log(vb)
         outcome = self._store.rollback(
             vb, rollback_seqno, committed=state.committed, failover_log=fresh_log,
-            reason="rollback storm" if storm else "producer requested rollback",
+            reason="rollback storm" if storm else reason or "producer requested rollback",
         )
-        log.info("vbucket %d: producer asked for rollback to %d; mirror now at seqno %d%s",
-                 vb, rollback_seqno, outcome.position.seqno,
+        log.info("vbucket %d: rollback to %d (%s); mirror now at seqno %d%s",
+                 vb, rollback_seqno, reason or "the producer asked", outcome.position.seqno,
                  " (full resync)" if outcome.full_resync else "")
         state.committed = outcome.position
         state.failover_log = fresh_log
@@ -460,7 +576,8 @@ class Replication:
         due = seconds_until_due(
             self._staging.stager.ready_snapshots(), self._thresholds_now(), now=self._clock()
         )
-        return 0.5 if due is None else min(0.5, max(0.0, due))
+        reopen = self._watchdog.seconds_until_due()
+        return min([0.5, *(max(0.0, d) for d in (due, reopen) if d is not None)])
 
     def _commit_if_due(self, *, force: bool = False) -> None:
         """Start the next commit if one is due; `force` waits for it (and any in flight)."""
@@ -549,6 +666,8 @@ class Replication:
         self._next_batch_id = batch.batch_id + 1
         self.stats.commits += 1
         self.stats.items_committed += batch.row_count
+        self._source.note_progress(commit.vbucket for commit in batch.commits)
+        self._watchdog.progressed(commit.vbucket for commit in batch.commits)
         for commit in batch.commits:
             state = self._state[commit.vbucket]
             state.committed = commit.position
@@ -586,6 +705,9 @@ class Replication:
             return
         target_total = sum(s.target_seqno or s.committed.seqno for s in self._state.values())
         committed_total = sum(s.committed.seqno for s in self._state.values())
+        if self._targets is None:
+            # A continuous run: lag against what the producer had at the last check.
+            target_total = committed_total + self._source_watch.lag(self.positions())
         snapshot = ProgressSnapshot(
             items_committed=self.stats.items_committed,
             seqnos_committed=committed_total,
@@ -595,6 +717,8 @@ class Replication:
             vbuckets_caught_up=sum(1 for s in self._state.values() if s.caught_up),
             vbuckets_total=len(self._state),
             lag_seqnos=max(0, target_total - committed_total),
+            reopening=self._watchdog.waiting,
+            early_ends=self._watchdog.early_ends_total,
         )
         if force:
             self._progress.finish(snapshot)

@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from contextlib import ExitStack
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,7 +25,7 @@ from replicator.dcp.client import ClientOptions, DcpClient
 from replicator.dcp.connection import ConnectionOptions, TlsSettings
 from replicator.dcp.connstr import ConnectionString
 from replicator.dcp.positions import FailoverLog, VbucketPosition
-from replicator.errors import ConfigError
+from replicator.errors import ConfigError, UnsupportedCommandError
 from replicator.progress import ProgressReporter
 from replicator.replication import (
     RecoveredMirror,
@@ -72,6 +73,8 @@ class DeltaMirrorStore:
         self._claim = claim
         self._compactor = compactor
         self.next_batch_id = 1
+        self._resync_reasons: dict[int, str] = {}
+        """Why each vbucket awaiting a full resync needs it: recorded with its REPLACE commit."""
 
     @property
     def mirror(self) -> MirrorTable:
@@ -104,7 +107,10 @@ class DeltaMirrorStore:
             self._executor.execute(dataclasses.replace(steady, batch_id=self.next_batch_id))
             self.next_batch_id += 1
         for vbucket in sorted(replace & set(batch.vbuckets)):
-            replace_vbucket(self._executor, batch.commit_for(vbucket), batch_id=self.next_batch_id)
+            replace_vbucket(
+                self._executor, batch.commit_for(vbucket), batch_id=self.next_batch_id,
+                reason=self._resync_reasons.pop(vbucket, "full resync"),
+            )
             self.next_batch_id += 1
         if self._compactor is not None:
             self._compactor.compact_if_due()
@@ -145,7 +151,8 @@ class DeltaMirrorStore:
                 vbucket, outcome.position, full_resync=False,
                 table_version=outcome.commit.table_version,
             )
-        log.warning("vbucket %d: %s", vbucket, outcome.reason)
+        self._resync_reasons[vbucket] = f"{reason}; {outcome.reason}"
+        log.warning("vbucket %d: %s", vbucket, self._resync_reasons[vbucket])
         return RollbackOutcome(vbucket, outcome.position, full_resync=True, table_version=None)
 
     def heartbeat(self) -> None:
@@ -370,6 +377,7 @@ def run_replication(
         client = connect_source(config, committed_position=committed_position)
         cleanup.callback(client.close)
         vbuckets = config.vbuckets.resolve(client.cluster_map.num_vbuckets)
+        source = check_source(client, config, vbuckets)
         session = spark or build_session("replicator")
         mirror = open_or_create(
             session, config.target,
@@ -390,17 +398,13 @@ def run_replication(
         )
         cleanup.callback(_release_quietly, store)
 
-        registry = CollectionRegistry.from_manifest(client.collections_manifest())
+        registry = CollectionRegistry.from_manifest(source.manifest)
         stager = Stager(
             staging_dir_for(config, claim.owner_id),
             memory_budget_bytes=config.memory_budget_mb * 1024 * 1024,
             fault_hook=fault_hook,
         )
         cleanup.callback(stager.close)
-        targets = None
-        if config.until_caught_up:
-            highs = client.high_seqnos()
-            targets = {vb: highs.get(vb, 0) for vb in vbuckets}
         replication = Replication(
             source=client,
             store=store,
@@ -409,7 +413,7 @@ def run_replication(
             thresholds=CommitThresholds(
                 max_rows=config.commit_max_rows, max_delay_seconds=config.commit_interval_s
             ),
-            targets=targets,
+            targets=source.targets,
             progress=ProgressReporter(config.progress, interval_s=config.status_interval_s),
         )
         holder["replication"] = replication
@@ -419,6 +423,55 @@ def run_replication(
                  config.target)
         summary = replication.run(stop)
     return summary
+
+
+@dataclass(frozen=True, slots=True)
+class SourceCheck:
+    """What a run learnt of the source before starting Spark."""
+
+    manifest: dict[str, object]
+    targets: dict[int, int] | None
+    """With --until-caught-up, the high seqno each vbucket must reach."""
+
+
+def check_source(
+    client: DcpClient, config: ReplicatorConfig, vbuckets: tuple[int, ...]
+) -> SourceCheck:
+    """Ask the source for everything the run needs before anything expensive starts (Spark,
+    the table, the claim); a refusal is one line naming the node, the command and what to do.
+
+    The DCP controls were already negotiated when the client connected."""
+    try:
+        manifest = client.collections_manifest()
+    except UnsupportedCommandError as exc:
+        raise UnsupportedCommandError(
+            exc.node,
+            f"{_detail(exc)}; the replicator needs the collections manifest to name each row's "
+            "collection: use Couchbase Server 7.0 or later, or a proxy that forwards it",
+            command=exc.command,
+        ) from None
+    targets = None
+    try:
+        highs = client.high_seqnos()
+    except UnsupportedCommandError as exc:
+        if config.until_caught_up:
+            raise UnsupportedCommandError(
+                exc.node,
+                f"{_detail(exc)}; --until-caught-up needs them to know where to stop: run "
+                "without it (a continuous run, stopped with Ctrl-C or SIGTERM), or against a "
+                "server that supports the command",
+                command=exc.command,
+            ) from None
+        log.warning("%s; progress lines cannot show the lag", exc)
+    else:
+        if config.until_caught_up:
+            targets = {vb: highs.get(vb, 0) for vb in vbuckets}
+    return SourceCheck(manifest, targets)
+
+
+def _detail(error: UnsupportedCommandError) -> str:
+    """The error's text without its node prefix (the wrapping error names the node again)."""
+    return str(error).removeprefix(f"{error.node}: ")
 
 
 def _release_quietly(store: DeltaMirrorStore) -> None:

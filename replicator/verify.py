@@ -420,12 +420,19 @@ class VbucketVerdict:
         if self.verdict is Verdict.EQUAL:
             return []
         if self.verdict is Verdict.NOT_AT_BOUNDARY:
-            ahead = " (the mirror is ahead: the source lost data?)" if (
-                self.mirror_seqno > self.source_seqno
-            ) else ""
+            if self.mirror_seqno > self.source_seqno:
+                # What run does about it: a failover rolls the vbucket back, a source that lost
+                # data on the same history resyncs it from 0 (both recorded in the history).
+                return [
+                    f"vbucket {self.vbucket}: the mirror is ahead of the source: mirror at seqno "
+                    f"{self.mirror_seqno}, source at seqno {self.source_seqno}, so the source "
+                    "lost changes the mirror has; `replicator run --until-caught-up` rolls the "
+                    "vbucket back (or resyncs it from 0 when the source kept its history's "
+                    "uuid) and records why; then verify again"
+                ]
             return [
                 f"vbucket {self.vbucket}: not at the same boundary: mirror at seqno "
-                f"{self.mirror_seqno}, source at seqno {self.source_seqno}{ahead}; run "
+                f"{self.mirror_seqno}, source at seqno {self.source_seqno}; run "
                 "`replicator run --until-caught-up`, then verify again"
             ]
         moved = (

@@ -20,6 +20,8 @@ LONGEST_FIRST = (
     "tests/bench/test_bench_smoke.py",
     "tests/test_exactly_once.py",
     "tests/test_rollback_e2e.py",
+    "tests/test_never_silent.py",
+    "tests/test_quiet_run.py",
     "tests/delta/test_recovery.py",
     "tests/test_standalone_cluster.py",
     "tests/test_replication.py",

@@ -271,6 +271,9 @@ def test_boundary_mismatch_is_reported_with_both_seqnos_and_advice() -> None:
     assert "replicator run --until-caught-up" in line
     ahead = boundary_verdict(6, 60, 52)
     assert ahead is not None and "ahead" in ahead.describe()[0]
+    # The advice is what repairs it: run rolls back or resyncs such a vbucket (issue 27).
+    assert "resyncs it from 0" in ahead.describe()[0]
+    assert "resyncs" not in boundary_verdict(6, 52, 60).describe()[0]  # type: ignore[union-attr]
 
 
 def test_report_is_equal_only_when_every_vbucket_is() -> None:

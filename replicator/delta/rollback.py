@@ -100,7 +100,7 @@ def plan_rollback(
     if rollback_seqno < 0:
         raise ValueError(f"vbucket {vbucket}: rollback seqno {rollback_seqno} is negative")
     if rollback_seqno == 0:
-        return RollbackPlan(vbucket, 0, None, "the producer asked for a rollback to 0")
+        return RollbackPlan(vbucket, 0, None, "a rollback to 0: the vbucket streams again from 0")
     candidates = [c for c in live_boundaries(checkpoints, vbucket) if 0 < c.seqno <= rollback_seqno]
     if not candidates:
         return RollbackPlan(
