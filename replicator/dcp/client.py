@@ -191,6 +191,18 @@ class EventBatch:
         return self.events[index]
 
 
+def _refused(
+    connection: NodeConnection, reply: Response, opcode: Opcode, what: str
+) -> UnsupportedCommandError:
+    """A node answered a request the caller needs with an error: name it and the command."""
+    return UnsupportedCommandError(
+        connection.address,
+        f"{opcode.name} (0x{int(opcode):02x}) refused ({reply.status_name}): the node cannot "
+        f"tell {what}",
+        command=opcode.name,
+    )
+
+
 @dataclass(slots=True)
 class _FailureStreak:
     """A node's connections in a row that could not be opened or broke before being stable."""
@@ -450,11 +462,8 @@ class DcpClient:
             connection = self._connection_to(node, timeout)
             reply = connection.call(GetAllVbSeqnos(VbucketState.ACTIVE), timeout)
             if reply.status != Status.SUCCESS:
-                raise UnsupportedCommandError(
-                    connection.address,
-                    f"GET_ALL_VB_SEQNOS (0x{int(Opcode.GET_ALL_VB_SEQNOS):02x}) refused "
-                    f"({reply.status_name}): the node cannot tell its vbuckets' high seqnos",
-                    command="GET_ALL_VB_SEQNOS",
+                raise _refused(
+                    connection, reply, Opcode.GET_ALL_VB_SEQNOS, "its vbuckets' high seqnos"
                 )
             for record in vbucket_seqnos_of(reply):
                 if record.vbucket in owned:
@@ -470,11 +479,8 @@ class DcpClient:
             )
         reply = connection.call(GetCollectionsManifest(), timeout)
         if reply.status != Status.SUCCESS:
-            raise UnsupportedCommandError(
-                connection.address,
-                f"GET_COLLECTIONS_MANIFEST (0x{int(Opcode.GET_COLLECTIONS_MANIFEST):02x}) "
-                f"refused ({reply.status_name}): the node cannot tell the bucket's collections",
-                command="GET_COLLECTIONS_MANIFEST",
+            raise _refused(
+                connection, reply, Opcode.GET_COLLECTIONS_MANIFEST, "the bucket's collections"
             )
         try:
             manifest = json.loads(response_value(reply))

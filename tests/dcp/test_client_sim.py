@@ -383,15 +383,8 @@ def test_queued_events_stay_within_the_windows_while_the_layer_above_waits(
         assert mirror.live_state() == bucket_state(bucket)
 
 
-def test_a_frame_refused_after_a_good_marker_on_every_connection_fails_at_the_deadline(
-    cluster: SimCluster, bucket: SimBucket, caplog: pytest.LogCaptureFixture
-) -> None:
-    """Every new connection sends a good snapshot marker, then a mutation the consumer refuses.
-    The markers are acknowledged, but acknowledged data proves no health: the node's streak of
-    failures runs on and the client gives up at its deadline, naming the node and the frame."""
-    mirror = Mirror(NUM_VBUCKETS)
-    cluster.always_send_malformed(MalformedFrame.BAD_EXTRAS)
-    deadline = 2.0
+def start_with_deadline(cluster: SimCluster, mirror: Mirror, deadline: float) -> DcpClient:
+    """`start`, with a short reconnect deadline."""
     client = DcpClient(
         cluster.connection_string,
         CREDENTIALS,
@@ -402,6 +395,19 @@ def test_a_frame_refused_after_a_good_marker_on_every_connection_fails_at_the_de
     )
     for vb in range(NUM_VBUCKETS):
         client.open_stream(vb, *mirror.committed_position(vb))
+    return client
+
+
+def test_a_frame_refused_after_a_good_marker_on_every_connection_fails_at_the_deadline(
+    cluster: SimCluster, bucket: SimBucket, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every new connection sends a good snapshot marker, then a mutation the consumer refuses.
+    The markers are acknowledged, but acknowledged data proves no health: the node's streak of
+    failures runs on and the client gives up at its deadline, naming the node and the frame."""
+    mirror = Mirror(NUM_VBUCKETS)
+    cluster.always_send_malformed(MalformedFrame.BAD_EXTRAS)
+    deadline = 2.0
+    client = start_with_deadline(cluster, mirror, deadline)
     markers = 0
     started = time.monotonic()
     with client, pytest.raises(ConnectionLostError) as failure:
@@ -434,16 +440,7 @@ def test_committed_progress_proves_a_connection_that_later_breaks_on_a_refused_f
     the failures of an earlier bad stretch to the deadline."""
     mirror = Mirror(NUM_VBUCKETS)
     deadline = 3.0
-    client = DcpClient(
-        cluster.connection_string,
-        CREDENTIALS,
-        options=dataclasses.replace(
-            options(), reconnect=Backoff(initial=0.05, maximum=0.2, deadline=deadline)
-        ),
-        committed_position=mirror.committed_position,
-    )
-    for vb in range(NUM_VBUCKETS):
-        client.open_stream(vb, *mirror.committed_position(vb))
+    client = start_with_deadline(cluster, mirror, deadline)
     with client:
         for round_ in range(3):
             # A bad stretch (each node's connection breaks once on a refused frame), then the
