@@ -262,6 +262,9 @@ class DcpClient:
         self._node_of: dict[int, KvNode] = {}
         self._connecting: dict[KvNode, threading.Thread] = {}
         self._streams: dict[int, VbucketStream] = {}
+        self._pending: set[int] = set()
+        """Vbuckets whose stream may be PENDING: `_service`, run by every poll, looks at these
+        only (scanning all 1024 streams per poll cost about a tenth of the consumer thread)."""
         self._queue: collections.deque[_Queued] = collections.deque()
         self._failure_streaks: dict[KvNode, _FailureStreak] = {}
         self._proven: set[int] = set()
@@ -349,6 +352,7 @@ class DcpClient:
                 vbucket, end_seqno=end, position=position, failover_log=failover_log
             )
             self._streams[vbucket] = stream
+            self._pending.add(vbucket)
         self._service()
 
     def close_stream(self, vbucket: int) -> bool:
@@ -395,8 +399,8 @@ class DcpClient:
                     return EventBatch((), AckReceipt({}))
                 due = [
                     s.not_before
-                    for s in self._streams.values()
-                    if s.state is StreamState.PENDING and s.not_before > now
+                    for s in map(self._streams.get, self._pending)
+                    if s is not None and s.state is StreamState.PENDING and s.not_before > now
                 ]
                 wait = min([remaining, *(d - now for d in due)])
                 self._cond.wait(wait)
@@ -823,7 +827,11 @@ class DcpClient:
         with self._lock:
             if self._closed or self._map is None:
                 return
-            for stream in list(self._streams.values()):
+            for vbucket in list(self._pending):
+                stream = self._streams.get(vbucket)
+                if stream is None or stream.state is not StreamState.PENDING:
+                    self._pending.discard(vbucket)
+                    continue
                 if not stream.ready_to_send(now):
                     continue
                 if stream.position is None and self._committed_position is None:
@@ -889,6 +897,7 @@ class DcpClient:
                 )
             except ConnectionLostError:
                 stream.pending()
+                self._pending.add(vbucket)
                 return
         log.debug("vbucket %d: stream requested from %s: %s", vbucket, connection.address, request)
 
@@ -1025,6 +1034,7 @@ class DcpClient:
             return
         log.info("vbucket %d: stream request retried in %.2f s: %s", stream.vbucket, at - now, why)
         stream.pending(not_before=at)
+        self._pending.add(stream.vbucket)
 
     def _send_close(self, stream: VbucketStream) -> None:
         connection = self._by_id.get(stream.connection_id or -1)
@@ -1140,6 +1150,7 @@ class DcpClient:
             end.reason.name,
         )
         stream.pending(awaiting_delivery=True)
+        self._pending.add(stream.vbucket)
         stream.position = None
         stream.failover_log = None
         if action is EndAction.REFRESH_MAP_AND_REOPEN:
@@ -1182,6 +1193,7 @@ class DcpClient:
                     continue
                 if stream.state is StreamState.REQUESTED:
                     stream.pending()  # nothing was handed up: retry with the same position
+                    self._pending.add(stream.vbucket)
                 elif stream.state is StreamState.CLOSING or self._committed_position is None:
                     reason = (
                         StreamEndReason.CLOSED
@@ -1192,6 +1204,7 @@ class DcpClient:
                     self._enqueue(StreamEnd(stream.vbucket, reason), connection, 0)
                 else:
                     stream.pending(awaiting_delivery=True)
+                    self._pending.add(stream.vbucket)
                     stream.position = None
                     stream.failover_log = None
                     self._enqueue(

@@ -271,13 +271,15 @@ def test_stalled_node_is_declared_dead_and_reconnected(
         catch_up(client, mirror, bucket)
         cluster.stall(0)
         deadline = time.monotonic() + 10
-        while not isinstance(client.last_connection_error, ConnectionLostError):
-            assert time.monotonic() < deadline, "stall not detected"
+        # Waits for the stall's own error: on a loaded machine another connection may break
+        # first (the producer's scaled noop clock), and that is not what this test is about.
+        while "presumed dead" not in str(client.last_connection_error):
+            assert time.monotonic() < deadline, f"no stall seen: {client.last_connection_error}"
             batch = client.poll(timeout=0.1)
             for event in batch:
                 mirror.apply(event)
             client.acknowledge(batch)
-        assert "presumed dead" in str(client.last_connection_error)
+        assert isinstance(client.last_connection_error, ConnectionLostError)
         cluster.release(0)
         load(bucket, 20, prefix="after-stall")
         catch_up(client, mirror, bucket)
