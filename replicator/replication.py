@@ -216,6 +216,7 @@ class Replication:
         clock: Callable[[], float] = time.monotonic,
         commit_in_background: bool = True,
         source_check_interval_s: float = SOURCE_CHECK_INTERVAL_S,
+        source_highs: Mapping[int, int] | None = None,
     ) -> None:
         self._source = source
         self._store = store
@@ -244,6 +245,8 @@ class Replication:
         self._watchdog = StreamWatchdog(clock)
         self._source_watch = SourceWatch(source_check_interval_s, clock)
         self._source_check_failed = False
+        self._source_highs_at_start = source_highs
+        """The producer's high seqnos as the caller just read them: start does not ask again."""
         self.stats = ReplicationStats()
 
     # --- lifecycle ---------------------------------------------------------------------
@@ -260,7 +263,7 @@ class Replication:
                 state.target_seqno = self._targets.get(vb, 0)
             self._state[vb] = state
         # A source that lost history the mirror has is found before anything streams.
-        lost = self._check_source()
+        lost = self._check_source(known=self._source_highs_at_start)
         for state in self._state.values():
             if state.vbucket in lost:
                 self._resync_lost_history(state)
@@ -439,15 +442,21 @@ class Replication:
             self._staging.discard(vb, resume_seqno=state.committed.seqno)
             self._open(state)
 
-    def _check_source(self, *, waiting: bool = True) -> set[int]:
-        """Fetch the producer's high seqnos (the lag); the vbuckets whose producer has less than
-        the mirror committed, on the same history: it lost data without a failover.
+    def _check_source(
+        self, *, waiting: bool = True, known: Mapping[int, int] | None = None
+    ) -> set[int]:
+        """Fetch the producer's high seqnos (the lag), unless `known`; the vbuckets whose
+        producer has less than the mirror committed, on the same history: it lost data without
+        a failover.
 
         Not `waiting`: ask only connected nodes, briefly (the periodic check, on the thread
         that streams, must not stall while a node is down)."""
         timeout = None if waiting else SOURCE_CHECK_TIMEOUT_S
         try:
-            highs = self._source.high_seqnos(timeout=timeout, connected_only=not waiting)
+            highs = (
+                dict(known) if known is not None
+                else self._source.high_seqnos(timeout=timeout, connected_only=not waiting)
+            )
         except ReplicatorError as exc:
             if not self._source_check_failed:
                 log.warning("cannot read the producer's high seqnos; lag is unknown until it "

@@ -414,6 +414,7 @@ def run_replication(
                 max_rows=config.commit_max_rows, max_delay_seconds=config.commit_interval_s
             ),
             targets=source.targets,
+            source_highs=source.highs,
             progress=ProgressReporter(config.progress, interval_s=config.status_interval_s),
         )
         holder["replication"] = replication
@@ -430,6 +431,8 @@ class SourceCheck:
     """What a run learnt of the source before starting Spark."""
 
     manifest: dict[str, object]
+    highs: dict[int, int] | None
+    """Each active vbucket's high seqno; None when the source cannot tell them."""
     targets: dict[int, int] | None
     """With --until-caught-up, the high seqno each vbucket must reach."""
 
@@ -450,7 +453,7 @@ def check_source(
             "collection: use Couchbase Server 7.0 or later, or a proxy that forwards it",
             command=exc.command,
         ) from None
-    targets = None
+    highs: dict[int, int] | None = None
     try:
         highs = client.high_seqnos()
     except UnsupportedCommandError as exc:
@@ -462,11 +465,12 @@ def check_source(
                 "server that supports the command",
                 command=exc.command,
             ) from None
-        log.warning("%s; progress lines cannot show the lag", exc)
-    else:
-        if config.until_caught_up:
-            targets = {vb: highs.get(vb, 0) for vb in vbuckets}
-    return SourceCheck(manifest, targets)
+        # A continuous run goes on without them; the replication says the lag is unknown.
+    targets = (
+        {vb: highs.get(vb, 0) for vb in vbuckets}
+        if config.until_caught_up and highs is not None else None
+    )
+    return SourceCheck(manifest, highs, targets)
 
 
 def _detail(error: UnsupportedCommandError) -> str:

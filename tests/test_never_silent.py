@@ -87,7 +87,8 @@ def test_unasked_stream_ends_are_reopened_and_lost_privileges_fail_the_run_loudl
                 run.background.result()
     text = str(failure.value)
     assert text.startswith("vbucket 1: ") and "Data DCP Reader" in text and "\n" not in text
-    assert warnings_with(caplog, "cannot show the lag")
+    lag_unknown = warnings_with(caplog, "lag is unknown")
+    assert len(lag_unknown) == 1 and "GET_ALL_VB_SEQNOS" in lag_unknown[0], lag_unknown
 
 
 def test_a_source_that_lost_changes_under_the_same_uuid_is_resynced_not_caught_up(

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import json
 import re
-import signal
-import subprocess
 import threading
 from collections import Counter
 from collections.abc import Iterator
@@ -25,9 +23,8 @@ from replicator.cli import EXIT_OK
 from replicator.sim.bucket import SimBucket
 from replicator.sim.cluster import SimCluster
 from replicator.sim.workload import initial_load, run_workload
-from replicator.soak.process import replicator_command
 from replicator.soak.table_log import table_versions
-from tests.cli import PASSWORD, CliRun, clean_env, wait_until
+from tests.cli import PASSWORD, CliRun, clean_env, run_until_sigterm
 
 VBUCKETS = 16
 DOCS = 400
@@ -97,37 +94,22 @@ def continuous_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Continu
             daemon=True,
         )
         writer.start()
-        stdout_path, stderr_path = work / "run.out", work / "run.err"
         try:
-            with stdout_path.open("w") as stdout, stderr_path.open("w") as stderr:
-                process = subprocess.Popen(
-                    [
-                        *replicator_command(), "run", "--source", cluster.connection_string,
-                        "--target", str(target), "--commit-interval-s", "1",
-                        "--progress", "lines",
-                    ],
-                    stdout=stdout, stderr=stderr, env=clean_env(), cwd=workdir,
-                )
-                try:
-                    wait_until(
-                        lambda: process.poll() is not None
-                        or (
-                            owner_actions(target).count("heartbeat") >= HEARTBEATS
-                            and len(table_versions(target)) > DATA_COMMITS
-                        ),
-                        SPARK_RUN_TIMEOUT, f"{HEARTBEATS} heartbeats and {DATA_COMMITS} commits",
-                    )
-                    assert process.poll() is None, stderr_path.read_text()
-                    process.send_signal(signal.SIGTERM)
-                    returncode = process.wait(SPARK_RUN_TIMEOUT)
-                finally:
-                    if process.poll() is None:
-                        process.kill()
-                        process.wait(30)
+            run = run_until_sigterm(
+                [
+                    "run", "--source", cluster.connection_string, "--target", str(target),
+                    "--commit-interval-s", "1", "--progress", "lines",
+                ],
+                until=lambda: (
+                    owner_actions(target).count("heartbeat") >= HEARTBEATS
+                    and len(table_versions(target)) > DATA_COMMITS
+                ),
+                what=f"{HEARTBEATS} heartbeats and {DATA_COMMITS} commits",
+                timeout=SPARK_RUN_TIMEOUT, logs=work / "run", cwd=workdir, env=clean_env(),
+            )
         finally:
             stop_workload.set()
             writer.join(30)
-    run = CliRun(returncode, stdout_path.read_text(), stderr_path.read_text())
     yield ContinuousRun(run, workdir, target)
 
 

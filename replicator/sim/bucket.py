@@ -307,24 +307,24 @@ class SimBucket:
 
     # -- operations on the cluster ------------------------------------------------------
 
-    def lose_history(self, vbucket: int, lose_last: int) -> None:
-        """Forget a vbucket's last `lose_last` items and keep its uuid (a broken producer)."""
-        with self.condition:
-            vb = self.vbucket(vbucket)
-            vb.lose_history(lose_last)
-            missing = self._manifest.changes[vb.manifest_events_applied :]
-            vb.apply_manifest_changes(missing)
-        self._notify((vbucket,))
+    def lose_history(self, vbucket: int, lose_last: int) -> FailoverLog:
+        """Forget a vbucket's last `lose_last` items and keep its uuid (a broken producer);
+        returns its failover log, unchanged."""
+        return self._rewind(vbucket, lambda vb: vb.lose_history(lose_last))
 
     def failover(self, vbucket: int, lose_last: int) -> FailoverLog:
         """Fail a vbucket over to a replica that lacked its last `lose_last` items.
 
-        Returns the new failover log. Manifest changes the replica lacked are written again
-        right after (as ns_server would push the manifest to the new active).
+        Returns the new failover log.
         """
+        return self._rewind(vbucket, lambda vb: vb.failover(lose_last))
+
+    def _rewind(self, vbucket: int, rewind: Callable[[VBucket], object]) -> FailoverLog:
+        """Take a vbucket's history back with `rewind`; manifest changes it lost are written
+        again right after (as ns_server pushes the manifest to a new active)."""
         with self.condition:
             vb = self.vbucket(vbucket)
-            vb.failover(lose_last)
+            rewind(vb)
             missing = self._manifest.changes[vb.manifest_events_applied :]
             vb.apply_manifest_changes(missing)
             log = vb.failover_log()

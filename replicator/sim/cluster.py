@@ -314,11 +314,12 @@ class SimCluster:
         """
         return self._bucket.failover(vbucket, lose_last)
 
-    def lose_history(self, vbucket: int, lose_last: int) -> None:
+    def lose_history(self, vbucket: int, lose_last: int) -> FailoverLog:
         """Forget `vbucket`'s last `lose_last` items under the same uuid, as a producer that
         restarted with older data and kept its failover log would: no real server does this,
-        and a consumer that committed the lost items must notice it itself."""
-        self._bucket.lose_history(vbucket, lose_last)
+        and a consumer that committed the lost items must notice it itself. Returns the
+        (unchanged) failover log."""
+        return self._bucket.lose_history(vbucket, lose_last)
 
     def end_streams(self, reason: StreamEndReason, vbuckets: Iterable[int] | None = None) -> None:
         """End open streams (of these vbuckets, else all) with STREAM_END `reason`, unasked:

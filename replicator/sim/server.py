@@ -81,8 +81,9 @@ class Session:
         self._noop_opaque = 0
         self._stalled = False
         self._rate: SendRateLimit | None = SendRateLimit(node.send_rate) if node.send_rate else None
-        self._malformed: MalformedFrame | None = None
-        self._malformed_documents = node.malformed_documents
+        self._malformed: MalformedFrame | None = node.malformed_documents
+        self._malformed_documents_only = self._malformed is not None
+        """The pending corruption waits for a mutation, deletion or expiration."""
         self._want_write = False
         self._selector: selectors.BaseSelector | None = None
         self._sock_registered = False
@@ -396,20 +397,15 @@ class Session:
                 if window and dcp.unacked_bytes >= window:
                     break
                 frame = pending.popleft()
-                if self._malformed is not None and self._malformed.applies_to(
-                    frame, collections=HelloFeature.COLLECTIONS in self._commands.features
-                ):
-                    frame = self._malformed.corrupt(frame)
-                    self._malformed = None
-                elif (
-                    self._malformed_documents is not None
-                    and frame[1] in DOCUMENT_OPCODES
-                    and self._malformed_documents.applies_to(
+                if (
+                    self._malformed is not None
+                    and (frame[1] in DOCUMENT_OPCODES or not self._malformed_documents_only)
+                    and self._malformed.applies_to(
                         frame, collections=HelloFeature.COLLECTIONS in self._commands.features
                     )
                 ):
-                    frame = self._malformed_documents.corrupt(frame)
-                    self._malformed_documents = None
+                    frame = self._malformed.corrupt(frame)
+                    self._malformed = None
                 self._out += frame
                 size = len(frame)
                 budget -= size
@@ -470,11 +466,9 @@ class Session:
     def _set_rate(self, bytes_per_second: int | None) -> None:
         self._rate = SendRateLimit(bytes_per_second) if bytes_per_second else None
 
-    def _set_malformed(self, kind: MalformedFrame) -> None:
+    def _set_malformed(self, kind: MalformedFrame, *, documents_only: bool = False) -> None:
         self._malformed = kind
-
-    def _set_malformed_documents(self, kind: MalformedFrame) -> None:
-        self._malformed_documents = kind
+        self._malformed_documents_only = documents_only
 
     def _push_cluster_map(self) -> None:
         features = self._commands.features
@@ -619,7 +613,7 @@ class NodeServer:
     def inject_malformed_documents(self, kind: MalformedFrame) -> None:
         """Break the next document message of every open connection."""
         for session in self.sessions():
-            session.post(lambda s: s._set_malformed_documents(kind))
+            session.post(lambda s: s._set_malformed(kind, documents_only=True))
 
     def inject_malformed(self, kind: MalformedFrame) -> int:
         """Break the next DCP message of every open DCP connection; returns how many."""

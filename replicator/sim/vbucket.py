@@ -349,22 +349,16 @@ class VBucket:
         failover entry starts there, and every open cursor ends with STATE_CHANGED.
         """
         with self.lock:
-            high = len(self._history)
-            if not 0 <= lose_last <= high:
-                raise ValueError(
-                    f"vbucket {self.vbucket}: lose_last must be in 0..{high}, got {lose_last}"
-                )
-            new_high = high - lose_last
-            self._truncate(new_high)
-            entry = self._failover.failover(new_high, rng if rng is not None else self._rng)
-            self._generation += 1
-            self.lock.notify_all()
-            return entry
+            new_high = self.lose_history(lose_last)
+            return self._failover.failover(new_high, rng if rng is not None else self._rng)
 
-    def lose_history(self, lose_last: int) -> None:
-        """Forget the last `lose_last` items WITHOUT a new failover entry: what a broken
-        producer does when it restarts with less data under the same vbucket uuid. Real
-        servers never do this; the consumer must notice (high seqno below its own)."""
+    def lose_history(self, lose_last: int) -> int:
+        """Forget the last `lose_last` items; returns the new high seqno.
+
+        Alone, without the new failover entry `failover` adds, this is what a broken producer
+        does when it restarts with less data under the same vbucket uuid: real servers never
+        do, and the consumer must notice (the high seqno below its own).
+        """
         with self.lock:
             high = len(self._history)
             if not 0 <= lose_last <= high:
@@ -374,6 +368,7 @@ class VBucket:
             self._truncate(high - lose_last)
             self._generation += 1
             self.lock.notify_all()
+            return high - lose_last
 
     # -- streams ------------------------------------------------------------------------
 

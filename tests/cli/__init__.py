@@ -6,9 +6,10 @@ Shared by this package's modules: how to run the command and what a user error m
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,6 +65,36 @@ def run_cli(
         check=False,
     )
     return CliRun(completed.returncode, completed.stdout, completed.stderr)
+
+
+def run_until_sigterm(
+    args: Sequence[str],
+    *,
+    until: Callable[[], bool],
+    what: str,
+    timeout: float,
+    logs: Path,
+    cwd: Path,
+    env: dict[str, str],
+) -> CliRun:
+    """Start `replicator ARGS`, SIGTERM it once `until()` holds (it must still be running then),
+    and return how it ended; its output goes to `logs`.out / .err. Killed if it outlives the
+    wait or the stop."""
+    stdout_path, stderr_path = logs.with_suffix(".out"), logs.with_suffix(".err")
+    with stdout_path.open("w") as stdout, stderr_path.open("w") as stderr:
+        process = subprocess.Popen(
+            [*replicator_command(), *args], stdout=stdout, stderr=stderr, env=env, cwd=cwd
+        )
+        try:
+            wait_until(lambda: process.poll() is not None or until(), timeout, what)
+            assert process.poll() is None, stderr_path.read_text()
+            process.send_signal(signal.SIGTERM)
+            returncode = process.wait(timeout)
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait(30)
+    return CliRun(returncode, stdout_path.read_text(), stderr_path.read_text())
 
 
 def assert_one_line_error(stderr: str, *fragments: str) -> str:

@@ -10,7 +10,6 @@ order; the last one changes the source and the mirror.
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
 import time
@@ -26,7 +25,6 @@ from replicator.cli import EXIT_DIFFERENT, EXIT_OK, main
 from replicator.sim.bucket import SimBucket
 from replicator.sim.cluster import SimCluster
 from replicator.sim.workload import initial_load
-from replicator.soak.process import replicator_command
 from replicator.soak.table_log import table_versions
 from tests.cli import (
     FAST_START_JAVA_OPTIONS,
@@ -35,7 +33,7 @@ from tests.cli import (
     CliRun,
     clean_env,
     run_cli,
-    wait_until,
+    run_until_sigterm,
 )
 from tests.mirror_check import assert_mirror_equals_bucket, expected_frame, mirror_frame
 
@@ -82,28 +80,14 @@ def interrupted_load(
         "--until-caught-up", "--commit-interval-s", "0.5", "--progress", "lines",
     ]
     cluster.slow_sending(SLOW_BYTES_PER_SECOND, node=SLOW_NODE)
-    stdout_path, stderr_path = work / "stopped.out", work / "stopped.err"
-    with stdout_path.open("w") as stdout, stderr_path.open("w") as stderr:
-        # Small commits: the first lands while node 1's backfills still trickle in.
-        process = subprocess.Popen(
-            [*replicator_command(), *args, "--commit-max-rows", "100"],
-            stdout=stdout, stderr=stderr,
-            env=clean_env(REPLICATOR_STATUS_INTERVAL_S="1"), cwd=REPO,
-        )
-        try:
-            # Version 0 creates the table; version 1 is the first data commit.
-            wait_until(
-                lambda: process.poll() is not None or 1 in table_versions(target),
-                SPARK_RUN_TIMEOUT, "the first data commit",
-            )
-            assert process.poll() is None, stderr_path.read_text()
-            process.send_signal(signal.SIGTERM)
-            returncode = process.wait(SPARK_RUN_TIMEOUT)
-        finally:
-            if process.poll() is None:
-                process.kill()
-                process.wait(30)
-    stopped = CliRun(returncode, stdout_path.read_text(), stderr_path.read_text())
+    # Small commits: the first lands while node 1's backfills still trickle in. Version 0
+    # creates the table; version 1 is the first data commit.
+    stopped = run_until_sigterm(
+        [*args, "--commit-max-rows", "100"],
+        until=lambda: 1 in table_versions(target), what="the first data commit",
+        timeout=SPARK_RUN_TIMEOUT, logs=work / "stopped", cwd=REPO,
+        env=clean_env(REPLICATOR_STATUS_INTERVAL_S="1"),
+    )
     stop_version = max(table_versions(target))
 
     cluster.slow_sending(None)
