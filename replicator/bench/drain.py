@@ -2,13 +2,24 @@
 
 `DcpClient` (connections, codec, stream state, flow control) streams every vbucket's backfill
 from a producer in its own process; the events are counted and acknowledged, not staged.
+`measure_drain_side_by_side` alternates it with Couchbase's Java DCP client on the same
+producer, the reference the goals compare against.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
+from replicator.bench.reference_drain import (
+    ReferenceDrain,
+    ReferenceUnavailable,
+    build_reference_client,
+    measure_reference_drain,
+)
 from replicator.dcp.auth import Credentials
 from replicator.dcp.client import DcpClient
 from replicator.dcp.decode_bench import measure_decode_rate
@@ -23,7 +34,10 @@ class DrainResult:
 
     `messages` counts every DCP message decoded into an event (markers, documents, stream
     ends); `cpu_seconds` is this process's CPU time (its I/O threads included) over the drain.
-    `codec_messages_per_cpu_second` is the codec alone on pre-encoded 1 KiB mutations.
+    `codec_messages_per_cpu_second` is the codec alone on pre-encoded 1 KiB mutations. Over
+    several `rounds` the counts and times are sums. `reference` is the Java client's drain of the
+    same producer over as many rounds, alternating with these; `reference_unavailable` says why
+    there is none.
     """
 
     messages: int
@@ -34,6 +48,107 @@ class DrainResult:
     messages_per_second: float
     megabytes_per_second: float
     codec_messages_per_cpu_second: float
+    rounds: int = 1
+    reference: ReferenceDrain | None = None
+    reference_unavailable: str | None = None
+
+    @property
+    def documents_per_second(self) -> float:
+        return self.documents / self.seconds
+
+    @property
+    def documents_per_cpu_second(self) -> float:
+        return self.documents / self.cpu_seconds
+
+
+log = logging.getLogger(__name__)
+
+
+def measure_drain_side_by_side(
+    connection_string: str,
+    credentials: Credentials,
+    *,
+    expected_documents: int,
+    rounds: int = 2,
+    timeout_s: float = 900.0,
+    build_reference: Callable[[], str] = build_reference_client,
+) -> DrainResult:
+    """`measure_drain` and the Java client's drain in turn, `rounds` times each, summed.
+
+    Alternating on one producer lets both see the same machine load. When the reference cannot
+    run (no Java or Maven, a failed build or drain), the Python figures stand alone and
+    `reference_unavailable` says why.
+    """
+    try:
+        class_path: str | None = build_reference()
+        unavailable = None
+    except ReferenceUnavailable as exc:
+        class_path, unavailable = None, f"not run: {exc}"
+    ours: list[DrainResult] = []
+    theirs: list[ReferenceDrain] = []
+    for _ in range(rounds):
+        ours.append(
+            measure_drain(
+                connection_string,
+                credentials,
+                expected_documents=expected_documents,
+                timeout_s=timeout_s,
+                codec_messages=0,
+            )
+        )
+        if class_path is None:
+            continue
+        try:
+            reference = measure_reference_drain(
+                class_path, connection_string, credentials, timeout_s=timeout_s
+            )
+        except ReferenceUnavailable as exc:
+            log.warning("reference drain failed: %s", exc)
+            class_path, unavailable = None, str(exc)
+            continue
+        if reference.documents < expected_documents:
+            class_path = None
+            unavailable = (
+                f"the Java drain got {reference.documents:,} documents, "
+                f"expected {expected_documents:,}"
+            )
+            continue
+        theirs.append(reference)
+    summed = _sum_rounds(ours)
+    return dataclasses.replace(
+        summed,
+        codec_messages_per_cpu_second=measure_decode_rate(200_000, 1024),
+        reference=_sum_references(theirs) if unavailable is None and theirs else None,
+        reference_unavailable=unavailable,
+    )
+
+
+def _sum_rounds(results: list[DrainResult]) -> DrainResult:
+    seconds = sum(r.seconds for r in results)
+    messages = sum(r.messages for r in results)
+    received = sum(r.bytes for r in results)
+    return DrainResult(
+        messages=messages,
+        documents=sum(r.documents for r in results),
+        bytes=received,
+        seconds=seconds,
+        cpu_seconds=sum(r.cpu_seconds for r in results),
+        messages_per_second=messages / seconds,
+        megabytes_per_second=received / seconds / 1e6,
+        codec_messages_per_cpu_second=0.0,
+        rounds=len(results),
+    )
+
+
+def _sum_references(results: list[ReferenceDrain]) -> ReferenceDrain:
+    return ReferenceDrain(
+        client=results[0].client,
+        messages=sum(r.messages for r in results),
+        documents=sum(r.documents for r in results),
+        bytes=sum(r.bytes for r in results),
+        seconds=sum(r.seconds for r in results),
+        cpu_seconds=sum(r.cpu_seconds for r in results),
+    )
 
 
 def measure_drain(
@@ -89,5 +204,7 @@ def measure_drain(
         cpu_seconds=cpu_seconds,
         messages_per_second=messages / seconds,
         megabytes_per_second=received / seconds / 1e6,
-        codec_messages_per_cpu_second=measure_decode_rate(codec_messages, 1024),
+        codec_messages_per_cpu_second=(
+            measure_decode_rate(codec_messages, 1024) if codec_messages else 0.0
+        ),
     )

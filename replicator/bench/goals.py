@@ -12,6 +12,8 @@ from replicator.bench.rollback import RollbackResult
 from replicator.bench.steady_state import SteadyStateResult
 
 DECODE_GOAL_MSGS_PER_S = 200_000
+DRAIN_GOAL_RATIO = 1.0
+DRAIN_CPU_GOAL_RATIO = 2.0
 LOAD_RATIO_GOAL = 0.8
 STEADY_GOAL_RATE = 20_000
 STEADY_GOAL_P99_MS = 5_000.0
@@ -51,6 +53,7 @@ def evaluate_goals(
     return (
         _codec(drain),
         _drain(drain),
+        _drain_cpu(drain),
         _load(load_ratio),
         _steady(steady),
         _files(steady),
@@ -79,10 +82,32 @@ def _codec(drain: DrainResult | None) -> GoalCheck:
 
 
 def _drain(drain: DrainResult | None) -> GoalCheck:
-    return _decode_rate(
-        f"protocol layer drains >= {DECODE_GOAL_MSGS_PER_S:,} msgs/s (wall clock)",
-        None if drain is None else drain.messages_per_second,
+    goal = (
+        f"protocol layer drains >= {DRAIN_GOAL_RATIO:g}x the Java DCP client's documents/s "
+        "(wall clock, same producer)"
     )
+    if drain is None:
+        return GoalCheck(goal, "-", None)
+    if drain.reference is None:
+        return GoalCheck(goal, f"no reference ({drain.reference_unavailable})", None)
+    ratio = drain.documents_per_second / drain.reference.documents_per_second
+    measured = (
+        f"{ratio:.2f}x: {drain.documents_per_second:,.0f} against "
+        f"{drain.reference.documents_per_second:,.0f} documents/s"
+    )
+    return GoalCheck(goal, measured, ratio >= DRAIN_GOAL_RATIO)
+
+
+def _drain_cpu(drain: DrainResult | None) -> GoalCheck:
+    goal = f"consumer CPU per document <= {DRAIN_CPU_GOAL_RATIO:g}x the Java DCP client's"
+    if drain is None:
+        return GoalCheck(goal, "-", None)
+    if drain.reference is None:
+        return GoalCheck(goal, f"no reference ({drain.reference_unavailable})", None)
+    ours = 1e6 / drain.documents_per_cpu_second
+    theirs = 1e6 / drain.reference.documents_per_cpu_second
+    measured = f"{ours / theirs:.2f}x: {ours:.1f} against {theirs:.1f} CPU us per document"
+    return GoalCheck(goal, measured, ours / theirs <= DRAIN_CPU_GOAL_RATIO)
 
 
 def _decode_rate(goal: str, rate: float | None) -> GoalCheck:

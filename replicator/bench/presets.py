@@ -16,6 +16,7 @@ class BenchPreset:
     (offered mutation rate, documents already mirrored, window in seconds), each window
     measured after the replicator caught up. `catch_up_docs` and `catch_up_changes` size the
     until-caught-up run: a mirror of that many documents, that many changes pending. The
+    drain alternates with the Java DCP client's `drain_rounds` times each. The
     memory run mirrors one vbucket whose first snapshot is `memory_snapshot_factor` times
     `memory_budget_mb`; with `memory_alongside` it runs while
     the other measurements do, and `probe_jvm_options` go to the memory probe's JVM. Both are
@@ -40,6 +41,7 @@ class BenchPreset:
     probe_jvm_options: str = ""
     catch_up_docs: int = 20_000
     catch_up_changes: int = 1_000
+    drain_rounds: int = 2
 
     def __post_init__(self) -> None:
         if self.docs < 1 or self.doc_size < 64:
@@ -50,6 +52,8 @@ class BenchPreset:
             raise ConfigError(f"preset {self.name}: steady_runs need positive rates and sizes")
         if self.steady_warmup_catch_ups < 1:
             raise ConfigError(f"preset {self.name}: steady_warmup_catch_ups must be >= 1")
+        if self.drain_rounds < 1:
+            raise ConfigError(f"preset {self.name}: drain_rounds must be >= 1")
         if self.memory_budget_mb < 8:
             raise ConfigError(f"preset {self.name}: memory_budget_mb must be at least 8")
 
@@ -100,6 +104,7 @@ PRESETS: dict[str, BenchPreset] = {
         probe_jvm_options="-XX:TieredStopAtLevel=1",
         catch_up_docs=200,
         catch_up_changes=50,
+        drain_rounds=1,
     ),
 }
 

@@ -122,11 +122,26 @@ def measurement_rows(report: BenchReport) -> list[tuple[str, str, str]]:
         ))
     if report.drain is not None:
         d = report.drain
+        served = ""
+        if report.serve is not None:
+            served = f"; {d.messages_per_second / report.serve.messages_per_second:.2f} of serve"
         rows.append((
             "2. protocol-layer drain (DcpClient, decode)",
             f"{_rate(d.messages_per_second)} msgs/s",
-            f"{d.megabytes_per_second:.1f} MB/s; {d.messages / d.cpu_seconds:,.0f} msgs per "
-            f"consumer CPU s; codec alone {_rate(d.codec_messages_per_cpu_second)} msgs/CPU s",
+            f"{d.megabytes_per_second:.1f} MB/s{served}; {d.messages / d.cpu_seconds:,.0f} msgs "
+            f"per consumer CPU s; {d.rounds} rounds; codec alone "
+            f"{_rate(d.codec_messages_per_cpu_second)} msgs/CPU s",
+        ))
+        ref = d.reference
+        rows.append((
+            "2. reference: Java DCP client, same producer",
+            "-" if ref is None else f"{_rate(ref.documents_per_second)} docs/s",
+            (d.reference_unavailable or "-") if ref is None else (
+                f"{ref.client}, {d.rounds} rounds alternating with DcpClient; "
+                f"{_rate(ref.documents_per_cpu_second)} docs per JVM CPU s; DcpClient "
+                f"{_rate(d.documents_per_second)} docs/s, "
+                f"{_rate(d.documents_per_cpu_second)} per CPU s"
+            ),
         ))
     if report.initial_load is not None:
         i = report.initial_load

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from replicator.bench.catch_up import CatchUpResult, measure_catch_up
-from replicator.bench.drain import DrainResult, measure_drain
+from replicator.bench.drain import DrainResult, measure_drain_side_by_side
 from replicator.bench.goals import evaluate_goals
 from replicator.bench.initial_load import InitialLoadResult, bench_config, measure_initial_load
 from replicator.bench.machine import describe_machine
@@ -233,10 +233,10 @@ def _load_from_one_producer(
         return None, None
     try:
         drain: DrainResult | None = sections.run(
-            "drain", "2. protocol-layer drain",
-            lambda: measure_drain(
+            "drain", "2. protocol-layer drain, beside the Java DCP client",
+            lambda: measure_drain_side_by_side(
                 simulator.connection_string, Credentials(SIM_USERNAME, SIM_PASSWORD),
-                expected_documents=preset.docs,
+                expected_documents=preset.docs, rounds=preset.drain_rounds,
             ),
         )  # fmt: skip
         config = bench_config(

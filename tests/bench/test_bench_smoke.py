@@ -191,16 +191,15 @@ def _goal(goals: tuple[GoalCheck, ...], words: str) -> GoalCheck:
     return goal
 
 
-def test_decode_goals_judge_the_codec_per_cpu_second_and_the_drain_per_wall_second() -> None:
+def test_the_codec_goal_is_judged_per_cpu_second() -> None:
     drain = DrainResult(
         messages=1_000_000, documents=900_000, bytes=10**9, seconds=4.0, cpu_seconds=3.0,
         messages_per_second=250_000.0, megabytes_per_second=250.0,
         codec_messages_per_cpu_second=150_000.0,
     )  # fmt: skip
     goals = evaluate_goals(drain=drain, load_ratio=None, steady=(), memory=None, rollback=None)
-    codec, drained = _goal(goals, "codec decodes"), _goal(goals, "protocol layer drains")
+    codec = _goal(goals, "codec decodes")
     assert (codec.verdict, codec.measured) == ("MISS", "150,000 msgs/s")
-    assert (drained.verdict, drained.measured) == ("PASS", "250,000 msgs/s")
     idle = evaluate_goals(drain=None, load_ratio=None, steady=(), memory=None, rollback=None)
     assert {goal.verdict for goal in idle} == {"NOT RUN"}
     assert "p99 lag <= 5 s" in _goal(idle, "sustained").goal
