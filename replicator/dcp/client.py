@@ -47,6 +47,7 @@ import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
+from typing import cast
 
 from replicator.dcp.auth import Credentials
 from replicator.dcp.cluster_map import ClusterMap, KvNode, parse_cluster_map
@@ -58,7 +59,6 @@ from replicator.dcp.codec import (
     GetClusterConfig,
     GetCollectionsManifest,
     GetFailoverLog,
-    ProducerMessage,
     Response,
     SetVbucketState,
     failover_log_of,
@@ -66,6 +66,7 @@ from replicator.dcp.codec import (
 )
 from replicator.dcp.connection import (
     ConnectionOptions,
+    Delivered,
     NodeConnection,
     next_opaque,
     response_value,
@@ -78,7 +79,6 @@ from replicator.dcp.events import (
     StreamEvent,
     StreamOpened,
 )
-from replicator.dcp.frame import Frame
 from replicator.dcp.opcodes import Opcode, Status, VbucketState
 from replicator.dcp.positions import MAX_SEQNO, FailoverLog, VbucketPosition
 from replicator.dcp.streams import (
@@ -217,11 +217,17 @@ class _FailureStreak:
 
 @dataclass(slots=True)
 class _Queued:
-    event: StreamEvent
+    """Events of one connection waiting for `poll`, in order: a single lifecycle event, or
+    the accepted messages of one socket read (one queue entry per read, not per message)."""
+
+    events: list[StreamEvent]
+    sizes: list[int]
+    """Each event's bytes in the producer's flow-control window (0 for lifecycle events)."""
     connection_id: int
     size: int
+    """sum(sizes), kept so the whole entry is counted without a pass over it."""
     releases_stream: bool = False
-    """Handing this StreamEnd up lets the vbucket's stream be reopened."""
+    """Handing this (single) StreamEnd up lets the vbucket's stream be reopened."""
 
 
 class DcpClient:
@@ -1085,52 +1091,86 @@ class DcpClient:
         *,
         releases_stream: bool = False,
     ) -> None:
-        self._queue.append(_Queued(event, connection.connection_id, size, releases_stream))
+        self._queue.append(
+            _Queued([event], [size], connection.connection_id, size, releases_stream)
+        )
 
     def _take_batch(self, limit: int) -> EventBatch:
         events: list[StreamEvent] = []
         counts: dict[int, int] = collections.defaultdict(int)
         while self._queue and len(events) < limit:
-            queued = self._queue.popleft()
-            events.append(queued.event)
+            queued = self._queue[0]
+            room = limit - len(events)
+            if len(queued.events) > room:
+                # Split the entry: the rest stays queued, with the bytes it still holds.
+                events.extend(queued.events[:room])
+                taken = sum(queued.sizes[:room])
+                del queued.events[:room], queued.sizes[:room]
+                queued.size -= taken
+                if taken:
+                    counts[queued.connection_id] += taken
+                break
+            self._queue.popleft()
+            events.extend(queued.events)
             if queued.size:
                 counts[queued.connection_id] += queued.size
             if queued.releases_stream:
-                stream = self._streams.get(queued.event.vbucket)
+                stream = self._streams.get(queued.events[0].vbucket)
                 if stream is not None and stream.state is StreamState.PENDING:
                     stream.awaiting_delivery = False
         return EventBatch(tuple(events), AckReceipt(counts))
 
     # --- ConnectionListener (called on connection I/O threads) ---------------------------
 
-    def on_messages(
-        self, connection: NodeConnection, messages: Sequence[tuple[Frame, ProducerMessage]]
-    ) -> None:
-        """Queue streams' messages; drop (and acknowledge) those of no current stream."""
-        dropped: list[tuple[Frame, ProducerMessage]] = []
+    def on_messages(self, connection: NodeConnection, messages: Sequence[Delivered]) -> None:
+        """Queue streams' messages; drop (and acknowledge) those of no current stream.
+
+        The per-message work is kept to a minimum (this runs for every DCP message): a
+        stream is looked up once per run of messages with the same vbucket and opaque, and
+        the accepted messages of the read go into the queue as one entry.
+        """
+        dropped: list[Delivered] = []
         queued = False
         connection_id = connection.connection_id
+        events: list[StreamEvent] = []
+        sizes: list[int] = []
+        last_vbucket = last_opaque = -1
+        accepted = False
         with self._cond:
-            for frame, message in messages:
-                if isinstance(message, SetVbucketState | DcpNoop):
-                    dropped.append((frame, message))
+            for delivered in messages:
+                message, opaque, size = delivered
+                kind = type(message)
+                if kind is SetVbucketState or kind is DcpNoop:
+                    dropped.append(delivered)
                     continue
-                stream = self._streams.get(message.vbucket)
-                if stream is None or not stream.accepts(frame.opaque, connection_id):
-                    dropped.append((frame, message))
+                vbucket = cast(StreamEvent, message).vbucket
+                if vbucket != last_vbucket or opaque != last_opaque:
+                    stream = self._streams.get(vbucket)
+                    accepted = stream is not None and stream.accepts(opaque, connection_id)
+                    last_vbucket, last_opaque = vbucket, opaque
+                if not accepted:
+                    dropped.append(delivered)
                     continue
                 queued = True
-                if isinstance(message, StreamEnd):
-                    self._on_stream_end(stream, message, connection, frame.size)
+                if kind is StreamEnd:
+                    self._queue_read(events, sizes, connection_id)
+                    events, sizes = [], []
+                    assert stream is not None
+                    self._on_stream_end(stream, cast(StreamEnd, message), connection, size)
+                    last_vbucket = -1  # the stream's state changed: look it up again
                 else:
-                    self._enqueue(message, connection, frame.size)
+                    events.append(cast(StreamEvent, message))
+                    sizes.append(size)
+            self._queue_read(events, sizes, connection_id)
             if queued:
                 self._cond.notify_all()
-        for frame, message in dropped:
-            log.debug(
-                "dropped %s of no current stream (opaque %d)", type(message).__name__, frame.opaque
-            )
-            connection.acknowledge(frame.size)
+        for message, opaque, size in dropped:
+            log.debug("dropped %s of no current stream (opaque %d)", type(message).__name__, opaque)
+            connection.acknowledge(size)
+
+    def _queue_read(self, events: list[StreamEvent], sizes: list[int], connection_id: int) -> None:
+        if events:
+            self._queue.append(_Queued(events, sizes, connection_id, sum(sizes)))
 
     def _on_stream_end(
         self, stream: VbucketStream, end: StreamEnd, connection: NodeConnection, size: int

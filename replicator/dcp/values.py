@@ -168,22 +168,28 @@ def compress_value(data: bytes) -> bytes:
     return bytes(cramjam.snappy.compress_raw(data))
 
 
-def decompress_value(
-    data: bytes, *, max_size: int = DEFAULT_MAX_VALUE_SIZE, opcode: int | None = None
-) -> bytes:
-    """Snappy raw-format decompression, refusing to inflate beyond `max_size` bytes."""
-    # The raw format starts with the uncompressed length (varint): check it before the
-    # library allocates that much.
+def _varint_preamble(data: bytes, opcode: int | None) -> int:
     claimed = 0
     shift = 0
     for pos in range(min(len(data), 5)):
         byte = data[pos]
         claimed |= (byte & 0x7F) << shift
         if not byte & 0x80:
-            break
+            return claimed
         shift += 7
+    raise ProtocolError("bad snappy value: truncated length preamble", opcode=opcode)
+
+
+def decompress_value(
+    data: bytes, *, max_size: int = DEFAULT_MAX_VALUE_SIZE, opcode: int | None = None
+) -> bytes:
+    """Snappy raw-format decompression, refusing to inflate beyond `max_size` bytes."""
+    # The raw format starts with the uncompressed length (varint): check it before the
+    # library allocates that much. One and two bytes (up to 16 KiB) are read without a loop.
+    if len(data) >= 2 and not data[1] & 0x80:
+        claimed = data[0] if data[0] < 0x80 else (data[0] & 0x7F) | data[1] << 7
     else:
-        raise ProtocolError("bad snappy value: truncated length preamble", opcode=opcode)
+        claimed = _varint_preamble(data, opcode)
     if claimed > max_size:
         raise ProtocolError(
             f"snappy value inflates to {claimed} bytes, limit {max_size}", opcode=opcode

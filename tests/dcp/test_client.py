@@ -730,6 +730,26 @@ def test_tiny_window_never_stalls_when_the_layer_above_acknowledges() -> None:
         assert session.of_kind(BufferAck), "acks were sent"
 
 
+def test_a_read_split_across_polls_hands_each_batch_its_own_bytes(peer: ScriptedPeer) -> None:
+    """One socket read queues as one entry; `max_events` splits it, and each batch's receipt
+    holds exactly the wire bytes of its events (over-acknowledging would over-open a window)."""
+    with make_client(peer) as client:
+        session, opaque = open_and_stream(client, peer, 0)
+        wire = [_encoded(session, seqno, opaque) for seqno in range(1, 31)]
+        session.send_raw(b"".join(wire))  # one send: read (and handed up) at once
+        seen: list[int] = []
+        deadline = time.monotonic() + 10.0
+        while len(seen) < 30 and time.monotonic() < deadline:
+            batch = client.poll(timeout=0.5, max_events=7)
+            items = [e for e in batch if isinstance(e, Mutation)]
+            assert len(batch) <= 7
+            assert batch.receipt.total_bytes == sum(len(wire[e.by_seqno - 1]) for e in items)
+            seen += [e.by_seqno for e in items]
+            client.acknowledge(batch)
+        assert seen == list(range(1, 31))
+        assert client.queued_bytes == 0
+
+
 def _encoded(session: PeerSession, seqno: int, opaque: int) -> bytes:
     return encode_dcp_message(
         mutation(0, seqno, b"key-%d" % seqno), opaque=opaque, features=session.features

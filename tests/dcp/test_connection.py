@@ -29,7 +29,7 @@ from replicator.dcp.codec import (
     encode_server_request,
     failover_log_of,
 )
-from replicator.dcp.connection import ConnectionOptions, NodeConnection, TlsSettings
+from replicator.dcp.connection import ConnectionOptions, Delivered, NodeConnection, TlsSettings
 from replicator.dcp.events import (
     Mutation,
     SnapshotFlags,
@@ -37,7 +37,7 @@ from replicator.dcp.events import (
     StreamEnd,
     StreamEndReason,
 )
-from replicator.dcp.frame import Frame, encode_frame
+from replicator.dcp.frame import encode_frame
 from replicator.dcp.opcodes import DcpOpenFlags, HelloFeature, Opcode, Status
 from replicator.errors import (
     AuthenticationError,
@@ -67,16 +67,14 @@ class Recorder:
     """A ConnectionListener that records and lets tests wait on what arrives."""
 
     def __init__(self) -> None:
-        self.messages: list[tuple[Frame, ProducerMessage]] = []
+        self.messages: list[Delivered] = []
         self.timeline: list[int | str] = []
         """In arrival order: the size of each hand-up of messages, or "notification"."""
         self.notifications: list[ClustermapChangeNotification] = []
         self.lost: list[ReplicatorError] = []
         self._cond = threading.Condition()
 
-    def on_messages(
-        self, connection: NodeConnection, messages: Sequence[tuple[Frame, ProducerMessage]]
-    ) -> None:
+    def on_messages(self, connection: NodeConnection, messages: Sequence[Delivered]) -> None:
         with self._cond:
             self.messages.extend(messages)
             self.timeline.append(len(messages))
@@ -388,9 +386,9 @@ def test_messages_are_handed_up_in_order_and_counted(peer: ScriptedPeer) -> None
         session.send_noop()
         session.send_event(mutation, opaque=opaque)
         recorder.wait(lambda: len(recorder.messages) == 2)
-        assert [m for _, m in recorder.messages] == [marker, mutation]
-        assert all(frame.opaque == opaque for frame, _ in recorder.messages)
-        total = sum(frame.size for frame, _ in recorder.messages)
+        assert [m for m, _, _ in recorder.messages] == [marker, mutation]
+        assert all(frame_opaque == opaque for _, frame_opaque, _ in recorder.messages)
+        total = sum(size for _, _, size in recorder.messages)
         assert connection.flow_control.unacknowledged_bytes == total
     finally:
         connection.close()
@@ -417,7 +415,7 @@ def test_the_messages_of_one_read_are_handed_up_at_once_split_at_other_frames(
         push = encode_server_request(ClustermapChangeNotification("default", 9, 1, b""))
         session.send_raw(b"".join([*map(wire, events[:3]), push, *map(wire, events[3:])]))
         recorder.wait(lambda: len(recorder.messages) == 5 and len(recorder.notifications) == 1)
-        assert [m for _, m in recorder.messages] == events
+        assert [m for m, _, _ in recorder.messages] == events
         # Messages before the push go up before it; the rest after it, not one call each
         # (TCP may still split the write: at most two more calls then).
         timeline = recorder.timeline[delivered_before:]
@@ -425,7 +423,7 @@ def test_the_messages_of_one_read_are_handed_up_at_once_split_at_other_frames(
         assert before_push and all(isinstance(entry, int) for entry in before_push)
         assert sum(entry for entry in before_push if isinstance(entry, int)) == 3
         assert len(timeline) - 1 <= 4
-        total = sum(frame.size for frame, _ in recorder.messages)
+        total = sum(size for _, _, size in recorder.messages)
         assert connection.flow_control.unacknowledged_bytes == total
     finally:
         connection.close()
@@ -444,7 +442,7 @@ def test_buffer_ack_sent_once_staged_bytes_reach_a_fifth_of_the_window() -> None
                     Mutation(0, seqno, 1, 1, 0, 0, 0, 0, b"k", b"x" * 40, False), opaque=opaque
                 )
             recorder.wait(lambda: len(recorder.messages) == 5)
-            sizes = [frame.size for frame, _ in recorder.messages]
+            sizes = [size for _, _, size in recorder.messages]
             assert connection.acknowledge(sizes[0]) == 0  # below 200 bytes
             assert connection.acknowledge(sizes[1] + sizes[2]) == sum(sizes[:3])
             acks = session.wait_for(BufferAck)
@@ -490,7 +488,7 @@ def test_malformed_frame_closes_the_connection_and_nothing_after_it_is_handed_up
     error = recorder.lost[0]
     assert isinstance(error, ProtocolError)
     assert error.opcode == Opcode.DCP_MUTATION
-    assert [m for _, m in recorder.messages] == [good]
+    assert [m for m, _, _ in recorder.messages] == [good]
     assert not connection.is_open and connection.failure is error
     session.closed.wait(5)
     assert session.closed.is_set()  # the socket was closed too
