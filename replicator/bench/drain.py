@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from replicator.bench.reference_drain import (
+    DocumentRates,
     ReferenceDrain,
     ReferenceUnavailable,
     build_reference_client,
@@ -29,7 +30,7 @@ from replicator.errors import ProtocolError
 
 
 @dataclass(frozen=True, slots=True)
-class DrainResult:
+class DrainResult(DocumentRates):
     """What the protocol layer handed up while draining the backfills.
 
     `messages` counts every DCP message decoded into an event (markers, documents, stream
@@ -51,14 +52,6 @@ class DrainResult:
     rounds: int = 1
     reference: ReferenceDrain | None = None
     reference_unavailable: str | None = None
-
-    @property
-    def documents_per_second(self) -> float:
-        return self.documents / self.seconds
-
-    @property
-    def documents_per_cpu_second(self) -> float:
-        return self.documents / self.cpu_seconds
 
 
 log = logging.getLogger(__name__)

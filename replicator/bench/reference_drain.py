@@ -32,8 +32,25 @@ class ReferenceUnavailable(ReplicatorError):
     """The reference client cannot run here (no Java or Maven, or its build failed)."""
 
 
+class DocumentRates:
+    """Documents per wall and per CPU second, for a drain result that counts both."""
+
+    __slots__ = ()
+    documents: int
+    seconds: float
+    cpu_seconds: float
+
+    @property
+    def documents_per_second(self) -> float:
+        return self.documents / self.seconds
+
+    @property
+    def documents_per_cpu_second(self) -> float:
+        return self.documents / self.cpu_seconds
+
+
 @dataclass(frozen=True, slots=True)
-class ReferenceDrain:
+class ReferenceDrain(DocumentRates):
     """What the Java client received draining every vbucket from 0 to its high seqno.
 
     `seconds` and `cpu_seconds` run from the start of streaming to the last stream end (the
@@ -46,14 +63,6 @@ class ReferenceDrain:
     bytes: int
     seconds: float
     cpu_seconds: float
-
-    @property
-    def documents_per_second(self) -> float:
-        return self.documents / self.seconds
-
-    @property
-    def documents_per_cpu_second(self) -> float:
-        return self.documents / self.cpu_seconds
 
 
 def build_reference_client(source_dir: Path = SOURCE_DIR, *, timeout_s: float = 900.0) -> str:
