@@ -234,7 +234,7 @@ class OwnersTable:
         self._safe_until.pop(claim.claim_id, None)
         with delta_write_confs(self.spark, user_metadata=_metadata("release", claim)):
             retry_on_conflict(
-                lambda: self._delete(claim.claim_id), what=f"release of owner {claim.owner_id!r}"
+                lambda: self._delete(claim), what=f"release of owner {claim.owner_id!r}"
             )
 
     def verify(self, claim: OwnerClaim) -> None:
@@ -334,15 +334,11 @@ class OwnersTable:
             f"the claim of owner {claim.owner_id!r} was not found in the owners table's history"
         )
 
-    def _delete(self, claim_id: str) -> None:
-        # A DELETE, not a MERGE like the heartbeat: once per run, at its end, where its one
-        # "missing statistics" warning does not recur, and a MERGE cost the run's end three
-        # more Spark jobs (the until-caught-up bench: 52 -> 55 jobs).
-        from delta.tables import DeltaTable
-
-        if not claim_id.isalnum():
-            raise ValueError(f"a claim id is alphanumeric, got {claim_id!r}")
-        DeltaTable.forPath(self.spark, self.path).delete(f"claim_id = '{claim_id}'")
+    def _delete(self, claim: OwnerClaim) -> None:
+        self.spark.sql(
+            f"MERGE INTO delta.`{_quoted(self.path)}` AS t USING {_claim_source(claim)} AS s "
+            "ON t.claim_id = s.claim_id WHEN MATCHED THEN DELETE"
+        ).collect()
 
 
 def _rivals(records: Iterable[OwnerRecord], claim: OwnerClaim, now: datetime) -> list[OwnerRecord]:
@@ -389,10 +385,10 @@ def _conflict_message(claim: OwnerClaim, rivals: Sequence[OwnerRecord], now: dat
 def _claim_source(claim: OwnerClaim) -> str:
     """A MERGE source naming the claim: one literal row, which Delta does not materialize.
 
-    Heartbeats are MERGEs rather than UPDATEs: on a table without deletion vectors (the owners
-    table) an UPDATE drops the row counts of the files it rewrites, then warns "Could not
-    validate number of records due to missing statistics", every 15 s; MERGE keeps the counts
-    and validates. Still one commit each.
+    Heartbeats and releases are MERGEs rather than UPDATE and DELETE: on a table without
+    deletion vectors (the owners table) those two drop the row counts of the files they
+    rewrite, then warn "Could not validate number of records due to missing statistics" at
+    every heartbeat; MERGE keeps the counts and validates. Still one commit each.
     """
     if not claim.claim_id.isalnum():
         raise ValueError(f"a claim id is alphanumeric, got {claim.claim_id!r}")
