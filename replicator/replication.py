@@ -737,14 +737,27 @@ class Replication:
 
 @contextmanager
 def stop_on_signals(stop: threading.Event) -> Iterator[None]:
-    """Set `stop` on SIGTERM or SIGINT (main thread only), restoring the old handlers after."""
+    """Set `stop` on SIGTERM or SIGINT (main thread only), restoring the old handlers after.
+
+    A second signal stops at once (KeyboardInterrupt): whatever was in flight is abandoned,
+    which loses nothing, since a restart resumes from the last commit.
+    """
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
+    received: list[int] = []
+
     def handler(signum: int, _frame: object) -> None:
-        log.info("received %s: finishing the current commit and stopping",
-                 signal.Signals(signum).name)
+        name = signal.Signals(signum).name
+        received.append(signum)
+        if len(received) > 1:
+            log.warning(
+                "received %s again: stopping at once; the next run resumes from the last commit",
+                name,
+            )
+            raise KeyboardInterrupt
+        log.info("received %s: finishing the current commit and stopping", name)
         stop.set()
 
     previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}

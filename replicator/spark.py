@@ -7,7 +7,9 @@ runs get defaults sized for a small machine (few shuffle partitions, no UI).
 from __future__ import annotations
 
 import os
+import signal
 import tempfile
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -138,11 +140,47 @@ def build_session(
     builder = SparkSession.builder.appName(app_name)
     for key, value in settings.items():
         builder = builder.config(key, value)
+    _launch_jvm_in_its_own_session(settings)
+    sigint_handler = signal.getsignal(signal.SIGINT)
     spark = builder.getOrCreate()
+    _keep_sigint_handler(sigint_handler)
     spark.sparkContext.setLogLevel("WARN")
     _quiet_loggers(spark)
     ensure_delta_loaded(spark)
     return spark
+
+
+def _launch_jvm_in_its_own_session(settings: Mapping[str, str]) -> None:
+    """Start the driver JVM in a session (process group) of its own, if this process starts it.
+
+    Ctrl-C in a terminal, `timeout`, systemd and Kubernetes signal a whole process group: the
+    JVM must not die under a run that is finishing its commit. It still ends with the driver,
+    however the driver ends: PySpark's JVM exits when its stdin pipe from the driver closes.
+    Under spark-submit the JVM started first and is the driver's parent; nothing to do.
+    """
+    from pyspark import SparkConf, SparkContext
+    from pyspark.java_gateway import launch_gateway
+
+    if "PYSPARK_GATEWAY_PORT" in os.environ or SparkContext._gateway is not None:
+        return
+    conf = SparkConf(loadDefaults=False).setAll(list(settings.items()))
+    gateway = launch_gateway(conf, popen_kwargs={"start_new_session": True})  # type: ignore[no-untyped-call]
+    SparkContext._ensure_initialized(gateway=gateway)
+
+
+def _keep_sigint_handler(handler: object) -> None:
+    """Put back a SIGINT handler the caller installed before the SparkContext replaced it.
+
+    PySpark's own handler cancels every job and raises KeyboardInterrupt wherever the driver
+    is, often inside a py4j call; a run that stops itself on SIGINT (`replicator run`) must
+    keep its handler. The default handler is left to PySpark (notebooks and the shell).
+    """
+    if (
+        callable(handler)
+        and handler is not signal.default_int_handler
+        and threading.current_thread() is threading.main_thread()
+    ):
+        signal.signal(signal.SIGINT, handler)
 
 
 def _quiet_loggers(spark: SparkSession) -> None:

@@ -1,0 +1,165 @@
+"""Stopping `replicator run` as operators' tools do: a clean stop, whoever gets the signal.
+
+A terminal's Ctrl-C, `timeout`, systemd (KillMode=control-group) and Kubernetes signal the whole
+process group, not just the driver. Each test starts a real continuous run (a subprocess in a
+session of its own, against the embedded producer with live changes), waits for a data commit,
+then delivers the signal. A clean stop: the commit in flight finishes, the claim is released,
+the summary is printed, exit 0, no traceback, and the Spark JVM ends with the driver. A second
+SIGINT stops at once (exit 130); that loses nothing either, as the crash tests show for SIGKILL.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from replicator.cli import EXIT_INTERRUPTED, EXIT_OK
+from replicator.sim.bucket import SimBucket
+from replicator.sim.cluster import SimCluster
+from replicator.sim.workload import initial_load, run_workload
+from replicator.soak.process import replicator_command
+from replicator.soak.table_log import table_versions
+from tests.cli import PASSWORD, CliRun, clean_env, wait_until
+from tests.test_quiet_run import SPARK_LOG_LINE, owner_actions
+
+VBUCKETS = 16
+SPARK_RUN_TIMEOUT = 900.0
+
+
+@dataclass(frozen=True)
+class Producer:
+    connection_string: str
+
+
+@pytest.fixture(scope="module")
+def producer() -> Iterator[Producer]:
+    bucket = SimBucket("stops", num_vbuckets=VBUCKETS, seed=9)
+    workload = initial_load(bucket, docs=300, doc_size=200, seed=9)
+    stop_workload = threading.Event()
+    with SimCluster(bucket, nodes=1, users={"Administrator": PASSWORD}) as cluster:
+        writer = threading.Thread(
+            target=run_workload,
+            args=(bucket, 20),
+            kwargs={"workload": workload, "stop_event": stop_workload},
+            daemon=True,
+        )
+        writer.start()
+        try:
+            yield Producer(cluster.connection_string)
+        finally:
+            stop_workload.set()
+            writer.join(30)
+
+
+def stopped_run(
+    producer: Producer, work: Path, *, to_group: bool, signals: tuple[signal.Signals, ...]
+) -> tuple[CliRun, Path, int | None]:
+    """Start a run, wait for its first data commit, deliver `signals` (each after the run said
+    it received the one before) to its process group or to the driver alone. Returns how it
+    ended, its target and the pid of its Spark JVM."""
+    target = work / "mirror"
+    stdout_path, stderr_path = work / "run.out", work / "run.err"
+    args = [
+        "run", "--source", producer.connection_string, "--target", str(target),
+        "--commit-interval-s", "1", "--progress", "lines",
+    ]  # fmt: skip
+    with stdout_path.open("w") as stdout, stderr_path.open("w") as stderr:
+        process = subprocess.Popen(
+            [*replicator_command(), *args], stdout=stdout, stderr=stderr, env=clean_env(),
+            cwd=work, start_new_session=True,
+        )  # fmt: skip
+        jvm: int | None = None
+        try:
+            wait_until(
+                lambda: process.poll() is not None or len(table_versions(target)) > 2,
+                SPARK_RUN_TIMEOUT, "the run's first data commit",
+            )  # fmt: skip
+            assert process.poll() is None, stderr_path.read_text()
+            jvm = _child_java(process.pid)
+            for count, sig in enumerate(signals, start=1):
+                if process.poll() is not None:
+                    break  # it stopped before the next signal: the assertions will say so
+                if to_group:
+                    os.killpg(process.pid, sig)
+                else:
+                    process.send_signal(sig)
+                wait_until(
+                    lambda n=count: process.poll() is not None
+                    or stderr_path.read_text().count("received SIG") >= n,
+                    60.0, f"the run to take signal {count}",
+                )  # fmt: skip
+            returncode = process.wait(SPARK_RUN_TIMEOUT)
+        finally:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait(30)
+    return CliRun(returncode, stdout_path.read_text(), stderr_path.read_text()), target, jvm
+
+
+def _child_java(pid: int) -> int | None:
+    """The driver's JVM: its child process running java."""
+    children = Path(f"/proc/{pid}/task/{pid}/children")
+    for child in children.read_text().split():
+        try:
+            command = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")[0]
+        except FileNotFoundError:
+            continue
+        if command.endswith(b"java"):
+            return int(child)
+    return None
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    # A zombie is gone too: it only waits for its parent (gone) to be reaped by init.
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat.rsplit(")", 1)[1].split()[0] == "Z"
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize(
+    "to_group, sig",
+    [(True, signal.SIGINT), (True, signal.SIGTERM), (False, signal.SIGINT)],
+    ids=["group-SIGINT", "group-SIGTERM", "driver-SIGINT"],
+)
+def test_a_signal_to_the_group_or_the_driver_stops_the_run_cleanly(
+    producer: Producer, tmp_path: Path, to_group: bool, sig: signal.Signals
+) -> None:
+    run, target, jvm = stopped_run(producer, tmp_path, to_group=to_group, signals=(sig,))
+    assert run.returncode == EXIT_OK, run.stderr
+    assert "Traceback" not in run.stderr, run.stderr
+    assert f"received {sig.name}: finishing the current commit and stopping" in run.stderr
+    assert run.stdout.strip().splitlines()[-1].startswith("stopped:"), run.stdout
+    assert owner_actions(target)[-1] == "release"
+    # Quiet to the end: no JVM warning or error once the stop began.
+    after = run.stderr.split(f"received {sig.name}", 1)[1]
+    assert [line for line in after.splitlines() if SPARK_LOG_LINE.match(line)] == [], after
+    assert PASSWORD not in run.output
+    assert jvm is not None, "no Spark JVM found under the driver"
+    wait_until(lambda: _gone(jvm), 60.0, "the Spark JVM to end with the driver")
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_a_second_sigint_stops_at_once(producer: Producer, tmp_path: Path) -> None:
+    run, _, jvm = stopped_run(
+        producer, tmp_path, to_group=True, signals=(signal.SIGINT, signal.SIGINT)
+    )
+    assert run.returncode == EXIT_INTERRUPTED, run.stderr
+    assert "Traceback" not in run.stderr, run.stderr
+    assert "received SIGINT again: stopping at once" in run.stderr
+    assert jvm is not None
+    wait_until(lambda: _gone(jvm), 60.0, "the Spark JVM to end with the driver")
