@@ -6,6 +6,7 @@ Shared by this package's modules: how to run the command and what a user error m
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import time
@@ -80,19 +81,56 @@ def run_until_sigterm(
     """Start `replicator ARGS`, SIGTERM it once `until()` holds (it must still be running then),
     and return how it ended; its output goes to `logs`.out / .err. Killed if it outlives the
     wait or the stop."""
+    return run_and_signal(
+        args, until=until, what=what, timeout=timeout, logs=logs, cwd=cwd, env=env
+    )
+
+
+def run_and_signal(
+    args: Sequence[str],
+    *,
+    until: Callable[[], bool],
+    what: str,
+    timeout: float,
+    logs: Path,
+    cwd: Path,
+    env: dict[str, str],
+    signals: Sequence[signal.Signals] = (signal.SIGTERM,),
+    to_group: bool = False,
+    before_signals: Callable[[int], None] | None = None,
+) -> CliRun:
+    """Start `replicator ARGS` in a session of its own and, once `until()` holds (it must still
+    be running then), deliver `signals` to the driver or to its whole process group, each after
+    the run logged receiving the one before. `before_signals` gets the driver's pid first.
+    Returns how it ended; its output goes to `logs`.out / .err. The group is killed if the run
+    outlives the wait or the stop."""
     stdout_path, stderr_path = logs.with_suffix(".out"), logs.with_suffix(".err")
     with stdout_path.open("w") as stdout, stderr_path.open("w") as stderr:
         process = subprocess.Popen(
-            [*replicator_command(), *args], stdout=stdout, stderr=stderr, env=env, cwd=cwd
-        )
+            [*replicator_command(), *args], stdout=stdout, stderr=stderr, env=env, cwd=cwd,
+            start_new_session=True,
+        )  # fmt: skip
         try:
             wait_until(lambda: process.poll() is not None or until(), timeout, what)
             assert process.poll() is None, stderr_path.read_text()
-            process.send_signal(signal.SIGTERM)
+            if before_signals is not None:
+                before_signals(process.pid)
+            for count, sig in enumerate(signals, start=1):
+                if process.poll() is not None:
+                    break  # it stopped before this signal: the caller's assertions say so
+                if to_group:
+                    os.killpg(process.pid, sig)
+                else:
+                    process.send_signal(sig)
+                wait_until(
+                    lambda n=count: process.poll() is not None
+                    or stderr_path.read_text().count("received SIG") >= n,
+                    timeout, f"the run to take signal {count} ({sig.name})",
+                )  # fmt: skip
             returncode = process.wait(timeout)
         finally:
             if process.poll() is None:
-                process.kill()
+                os.killpg(process.pid, signal.SIGKILL)
                 process.wait(30)
     return CliRun(returncode, stdout_path.read_text(), stderr_path.read_text())
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -24,9 +23,8 @@ from replicator.cli import EXIT_INTERRUPTED, EXIT_OK
 from replicator.sim.bucket import SimBucket
 from replicator.sim.cluster import SimCluster
 from replicator.sim.workload import initial_load, run_workload
-from replicator.soak.process import replicator_command
 from replicator.soak.table_log import table_versions
-from tests.cli import PASSWORD, CliRun, clean_env, wait_until
+from tests.cli import PASSWORD, CliRun, clean_env, run_and_signal, wait_until
 from tests.test_quiet_run import SPARK_LOG_LINE, owner_actions
 
 VBUCKETS = 16
@@ -61,46 +59,20 @@ def producer() -> Iterator[Producer]:
 def stopped_run(
     producer: Producer, work: Path, *, to_group: bool, signals: tuple[signal.Signals, ...]
 ) -> tuple[CliRun, Path, int | None]:
-    """Start a run, wait for its first data commit, deliver `signals` (each after the run said
-    it received the one before) to its process group or to the driver alone. Returns how it
-    ended, its target and the pid of its Spark JVM."""
+    """A run stopped by `signals` after its first data commit; how it ended, its target and
+    the pid its Spark JVM had."""
     target = work / "mirror"
-    stdout_path, stderr_path = work / "run.out", work / "run.err"
-    args = [
-        "run", "--source", producer.connection_string, "--target", str(target),
-        "--commit-interval-s", "1", "--progress", "lines",
-    ]  # fmt: skip
-    with stdout_path.open("w") as stdout, stderr_path.open("w") as stderr:
-        process = subprocess.Popen(
-            [*replicator_command(), *args], stdout=stdout, stderr=stderr, env=clean_env(),
-            cwd=work, start_new_session=True,
-        )  # fmt: skip
-        jvm: int | None = None
-        try:
-            wait_until(
-                lambda: process.poll() is not None or len(table_versions(target)) > 2,
-                SPARK_RUN_TIMEOUT, "the run's first data commit",
-            )  # fmt: skip
-            assert process.poll() is None, stderr_path.read_text()
-            jvm = _child_java(process.pid)
-            for count, sig in enumerate(signals, start=1):
-                if process.poll() is not None:
-                    break  # it stopped before the next signal: the assertions will say so
-                if to_group:
-                    os.killpg(process.pid, sig)
-                else:
-                    process.send_signal(sig)
-                wait_until(
-                    lambda n=count: process.poll() is not None
-                    or stderr_path.read_text().count("received SIG") >= n,
-                    60.0, f"the run to take signal {count}",
-                )  # fmt: skip
-            returncode = process.wait(SPARK_RUN_TIMEOUT)
-        finally:
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait(30)
-    return CliRun(returncode, stdout_path.read_text(), stderr_path.read_text()), target, jvm
+    jvm: list[int | None] = []
+    run = run_and_signal(
+        [
+            "run", "--source", producer.connection_string, "--target", str(target),
+            "--commit-interval-s", "1", "--progress", "lines",
+        ],
+        until=lambda: len(table_versions(target)) > 2, what="the run's first data commit",
+        timeout=SPARK_RUN_TIMEOUT, logs=work / "run", cwd=work, env=clean_env(),
+        signals=signals, to_group=to_group, before_signals=lambda pid: jvm.append(_child_java(pid)),
+    )  # fmt: skip
+    return run, target, jvm[0] if jvm else None
 
 
 def _child_java(pid: int) -> int | None:
