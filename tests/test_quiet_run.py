@@ -24,7 +24,7 @@ from replicator.sim.bucket import SimBucket
 from replicator.sim.cluster import SimCluster
 from replicator.sim.workload import initial_load, run_workload
 from replicator.soak.table_log import table_versions
-from tests.cli import PASSWORD, CliRun, clean_env, run_until_sigterm
+from tests.cli import PASSWORD, CliRun, clean_env, run_and_signal
 
 VBUCKETS = 16
 DOCS = 400
@@ -95,7 +95,7 @@ def continuous_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Continu
         )
         writer.start()
         try:
-            run = run_until_sigterm(
+            run = run_and_signal(
                 [
                     "run", "--source", cluster.connection_string, "--target", str(target),
                     "--commit-interval-s", "1", "--progress", "lines",

@@ -1143,7 +1143,10 @@ class DcpClient:
                 if kind is SetVbucketState or kind is DcpNoop:
                     dropped.append(delivered)
                     continue
-                vbucket = cast(StreamEvent, message).vbucket
+                # Not a noop or a vbucket state: a stream event. Typed by assignment, since
+                # typing.cast is a call, and this loop runs for every message.
+                event: StreamEvent = message  # type: ignore[assignment]
+                vbucket = event.vbucket
                 if vbucket != last_vbucket or opaque != last_opaque:
                     stream = self._streams.get(vbucket)
                     accepted = stream is not None and stream.accepts(opaque, connection_id)
@@ -1156,10 +1159,10 @@ class DcpClient:
                     self._queue_read(events, sizes, connection_id)
                     events, sizes = [], []
                     assert stream is not None
-                    self._on_stream_end(stream, cast(StreamEnd, message), connection, size)
+                    self._on_stream_end(stream, cast(StreamEnd, event), connection, size)
                     last_vbucket = -1  # the stream's state changed: look it up again
                 else:
-                    events.append(cast(StreamEvent, message))
+                    events.append(event)
                     sizes.append(size)
             self._queue_read(events, sizes, connection_id)
             if queued:

@@ -75,7 +75,7 @@ def test_without_the_reference_the_drain_stands_alone_and_says_why(cluster: SimC
     assert all("no `mvn` on PATH" in g.measured for g in drain_goals)
 
 
-def test_a_broken_reference_build_names_the_failure(tmp_path: object) -> None:
+def test_missing_reference_sources_are_named(tmp_path: object) -> None:
     if shutil.which("java") is None or shutil.which("mvn") is None:
         pytest.skip("needs java and mvn on PATH")
     with pytest.raises(ReferenceUnavailable, match="sources are not at"):

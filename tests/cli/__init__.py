@@ -68,24 +68,6 @@ def run_cli(
     return CliRun(completed.returncode, completed.stdout, completed.stderr)
 
 
-def run_until_sigterm(
-    args: Sequence[str],
-    *,
-    until: Callable[[], bool],
-    what: str,
-    timeout: float,
-    logs: Path,
-    cwd: Path,
-    env: dict[str, str],
-) -> CliRun:
-    """Start `replicator ARGS`, SIGTERM it once `until()` holds (it must still be running then),
-    and return how it ended; its output goes to `logs`.out / .err. Killed if it outlives the
-    wait or the stop."""
-    return run_and_signal(
-        args, until=until, what=what, timeout=timeout, logs=logs, cwd=cwd, env=env
-    )
-
-
 def run_and_signal(
     args: Sequence[str],
     *,

@@ -32,8 +32,8 @@ from tests.cli import (
     REPO,
     CliRun,
     clean_env,
+    run_and_signal,
     run_cli,
-    run_until_sigterm,
 )
 from tests.mirror_check import assert_mirror_equals_bucket, expected_frame, mirror_frame
 
@@ -82,7 +82,7 @@ def interrupted_load(
     cluster.slow_sending(SLOW_BYTES_PER_SECOND, node=SLOW_NODE)
     # Small commits: the first lands while node 1's backfills still trickle in. Version 0
     # creates the table; version 1 is the first data commit.
-    stopped = run_until_sigterm(
+    stopped = run_and_signal(
         [*args, "--commit-max-rows", "100"],
         until=lambda: 1 in table_versions(target), what="the first data commit",
         timeout=SPARK_RUN_TIMEOUT, logs=work / "stopped", cwd=REPO,
