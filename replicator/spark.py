@@ -6,8 +6,11 @@ runs get defaults sized for a small machine (few shuffle partitions, no UI).
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import signal
+import subprocess
 import tempfile
 import threading
 from collections.abc import Mapping
@@ -73,6 +76,15 @@ committing one change took 21.7 CPU s instead of 25.7 (mean of 4). Results are t
 applies these by default."""
 
 
+QUIET_LOG4J = Path(__file__).with_name("log4j2-quiet.properties")
+"""The log4j 2 configuration of driver JVMs this package starts: errors only."""
+
+JVM_NOISE = (b"WARNING: Using incubator modules",)
+"""Lines the JVM prints at start whatever log4j says; dropped from a quiet driver's stderr."""
+
+DRIVER_JAVA_OPTIONS = "spark.driver.extraJavaOptions"
+
+
 def _is_local(master: str) -> bool:
     return master.startswith("local")
 
@@ -93,6 +105,7 @@ def build_session(
     conf: Mapping[str, str] | None = None,
     driver_memory: str = "2g",
     provide_jars: bool | None = None,
+    quiet: bool | None = None,
 ) -> SparkSession:
     """Return the SparkSession with Delta Lake enabled, creating it if needed.
 
@@ -101,6 +114,9 @@ def build_session(
     spark-submit set and only gains SESSION_DEFAULTS it did not set. `provide_jars` decides
     whether the Delta jars from the cache (or `REPLICATOR_DELTA_JARS`) are added; by default they
     are, unless the launching spark-submit already brings Delta with `--packages` or `--jars`.
+    `quiet` (by default: unless the `replicator` logger is at DEBUG, as `-v` sets it) starts a
+    driver JVM that prints only errors (QUIET_LOG4J) and none of the JVM's start-up lines;
+    under spark-submit the operator's logging configuration is left alone.
 
     >>> spark = build_session("example")  # doctest: +SKIP
     >>> spark.range(3).write.format("delta").save("/tmp/example")  # doctest: +SKIP
@@ -137,26 +153,38 @@ def build_session(
         # Driver memory must be known when the JVM starts; a builder setting comes too late.
         os.environ["PYSPARK_SUBMIT_ARGS"] = f"--driver-memory {driver_memory} pyspark-shell"
 
+    if quiet is None:
+        quiet = not logging.getLogger("replicator").isEnabledFor(logging.DEBUG)
+    launching = "PYSPARK_GATEWAY_PORT" not in os.environ
+    quiet = quiet and launching
+    if quiet:
+        java_options = settings.get(DRIVER_JAVA_OPTIONS, "")
+        if "log4j2.configurationFile" not in java_options:
+            settings[DRIVER_JAVA_OPTIONS] = (
+                f"{java_options} -Dlog4j2.configurationFile={QUIET_LOG4J.as_uri()}".strip()
+            )
+
     builder = SparkSession.builder.appName(app_name)
     for key, value in settings.items():
         builder = builder.config(key, value)
-    _launch_jvm_in_its_own_session(settings)
+    _launch_jvm_in_its_own_session(settings, quiet=quiet)
     sigint_handler = signal.getsignal(signal.SIGINT)
     spark = builder.getOrCreate()
     _keep_sigint_handler(sigint_handler)
-    spark.sparkContext.setLogLevel("WARN")
+    spark.sparkContext.setLogLevel("ERROR" if quiet else "WARN")
     _quiet_loggers(spark)
     ensure_delta_loaded(spark)
     return spark
 
 
-def _launch_jvm_in_its_own_session(settings: Mapping[str, str]) -> None:
+def _launch_jvm_in_its_own_session(settings: Mapping[str, str], *, quiet: bool) -> None:
     """Start the driver JVM in a session (process group) of its own, if this process starts it.
 
     Ctrl-C in a terminal, `timeout`, systemd and Kubernetes signal a whole process group: the
     JVM must not die under a run that is finishing its commit. It still ends with the driver,
     however the driver ends: PySpark's JVM exits when its stdin pipe from the driver closes.
     Under spark-submit the JVM started first and is the driver's parent; nothing to do.
+    A `quiet` JVM's stderr passes through a filter that drops JVM_NOISE.
     """
     from pyspark import SparkConf, SparkContext
     from pyspark.java_gateway import launch_gateway
@@ -164,8 +192,28 @@ def _launch_jvm_in_its_own_session(settings: Mapping[str, str]) -> None:
     if "PYSPARK_GATEWAY_PORT" in os.environ or SparkContext._gateway is not None:
         return
     conf = SparkConf(loadDefaults=False).setAll(list(settings.items()))
-    gateway = launch_gateway(conf, popen_kwargs={"start_new_session": True})  # type: ignore[no-untyped-call]
+    popen_kwargs: dict[str, object] = {"start_new_session": True}
+    if quiet:
+        popen_kwargs["stderr"] = subprocess.PIPE
+    gateway = launch_gateway(conf, popen_kwargs=popen_kwargs)  # type: ignore[no-untyped-call]
+    if quiet:
+        process = gateway.proc
+        threading.Thread(
+            target=_forward_stderr, args=(process.stderr,), name="jvm-stderr", daemon=True
+        ).start()
     SparkContext._ensure_initialized(gateway=gateway)
+
+
+def _forward_stderr(stream: object) -> None:
+    """Copy the JVM's stderr to ours, line by line, without the JVM's start-up noise.
+
+    To file descriptor 2 itself: whatever replaced sys.stderr since (a test's capture), this
+    thread must keep draining the pipe, or the JVM would block on its next write.
+    """
+    for line in iter(stream.readline, b""):  # type: ignore[attr-defined]
+        if not line.startswith(JVM_NOISE):
+            with contextlib.suppress(OSError):
+                os.write(2, line)
 
 
 def _keep_sigint_handler(handler: object) -> None:
@@ -235,6 +283,7 @@ def _brings_delta(submitted: Mapping[str, str]) -> bool:
 
 
 __all__ = [
-    "DELTA_CONF", "LOCAL_DEFAULTS", "QUIET_LOGGERS", "SESSION_DEFAULTS", "WAREHOUSE_CONF",
+    "DELTA_CONF", "JVM_NOISE", "LOCAL_DEFAULTS", "QUIET_LOG4J", "QUIET_LOGGERS", "SESSION_DEFAULTS",
+    "WAREHOUSE_CONF",
     "build_session", "ensure_delta_loaded", "local_scratch_dir",
 ]

@@ -1,10 +1,12 @@
 """A healthy continuous `replicator run` is quiet and tidy.
 
 Quiet: no Spark or Delta warning recurs in its log (a warning at every heartbeat or every
-commit buries the ones that matter). Tidy: it writes nothing into its working directory, only
-into the target and the staging area. One real run, as an operator starts it: a subprocess
-against the embedded producer over 127.0.0.1 with live changes, in an empty working directory,
-kept running through two owner heartbeats and several data commits, then stopped with SIGTERM.
+commit buries the ones that matter). The run is verbose (`-v`), so that Spark's warnings are
+printed at all: by default the CLI's Spark prints errors only. Tidy: it writes nothing into its
+working directory, only into the target and the staging area. One real run, as an operator
+starts it: a subprocess against the embedded producer over 127.0.0.1 with live changes, in an
+empty working directory, kept running through two owner heartbeats and several data commits,
+then stopped with SIGTERM.
 """
 
 from __future__ import annotations
@@ -97,7 +99,7 @@ def continuous_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Continu
         try:
             run = run_and_signal(
                 [
-                    "run", "--source", cluster.connection_string, "--target", str(target),
+                    "-v", "run", "--source", cluster.connection_string, "--target", str(target),
                     "--commit-interval-s", "1", "--progress", "lines",
                 ],
                 until=lambda: (
@@ -124,6 +126,8 @@ def test_no_spark_warning_recurs_in_a_healthy_run(continuous_run: ContinuousRun)
     # table, MERGEs now) and data commits (MERGEs whose source Delta materializes).
     assert owner_actions(continuous_run.target).count("heartbeat") >= HEARTBEATS
     assert len(table_versions(continuous_run.target)) > DATA_COMMITS
+    # Verbose, Spark's own log configuration applies: its warnings are printed.
+    assert "Using Spark's default log4j profile" in run.stderr
     repeated = repeated_spark_warnings(run.stderr)
     assert repeated == {}, f"recurring: {repeated}\n--- the run's stderr:\n{run.stderr}"
 
