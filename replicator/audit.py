@@ -22,15 +22,22 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from replicator.dcp.positions import FailoverLog
-from replicator.delta.schema import DATA_COLUMNS, RESYNC, ROLLBACK, CommitMetadata
+from replicator.delta.reader import HistoryEntry
+from replicator.delta.schema import DATA_COLUMNS, RESYNC, ROLLBACK, MirrorLayout
 from replicator.delta.table import as_utc, engine_error_summary, is_delta_table_at, path_exists
 from replicator.errors import ConfigError, ReplicatorError
-from replicator.status import format_time, open_mirror, pending_checkpoints
+from replicator.status import (
+    check_mirror,
+    format_time,
+    open_mirror,
+    pending_checkpoints,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
     from replicator.delta.checkpoints import Checkpoint
+    from replicator.delta.reader import TableReader
     from replicator.delta.table import MirrorTable
 
 T = TypeVar("T")
@@ -269,26 +276,6 @@ class CommitActivity:
     rows_updated: int
     rows_deleted: int
     source_changes: int | None
-
-
-@dataclass(frozen=True, slots=True)
-class HistoryEntry:
-    """One row of the data table's Delta history (DESCRIBE HISTORY)."""
-
-    version: int
-    timestamp: datetime
-    operation: str
-    parameters: Mapping[str, str]
-    metrics: Mapping[str, str]
-    user_metadata: str | None
-
-    @property
-    def commit_metadata(self) -> CommitMetadata | None:
-        """The replicator's metadata of this commit, None for any other commit."""
-        try:
-            return CommitMetadata.from_json(self.user_metadata)
-        except ValueError:
-            return None
 
 
 # --- pure logic -----------------------------------------------------------------------------
@@ -585,29 +572,10 @@ class MirrorHistory:
     @classmethod
     def read(cls, spark: SparkSession, target: str) -> MirrorHistory:
         """Open the mirror at `target` (NotAMirrorError otherwise) and read its history."""
+        from replicator.delta.reader import SparkReader
+
         mirror = open_mirror(spark, target)
-
-        def history() -> list[HistoryEntry]:
-            rows = (
-                mirror.delta()
-                .history()
-                .select("version", "timestamp", "operation", "operationParameters",
-                        "operationMetrics", "userMetadata")
-                .collect()
-            )
-            return [
-                HistoryEntry(
-                    version=int(row["version"]),
-                    timestamp=as_utc(row["timestamp"]),
-                    operation=str(row["operation"]),
-                    parameters=dict(row["operationParameters"] or {}),
-                    metrics=dict(row["operationMetrics"] or {}),
-                    user_metadata=row["userMetadata"],
-                )
-                for row in rows
-            ]
-
-        return cls(mirror, _guarded(history, f"the history of {target}"))
+        return cls(mirror, read_history(SparkReader(spark), target, checked=True))
 
     @property
     def target(self) -> str:
@@ -943,25 +911,51 @@ def _range_end(history: MirrorHistory, value: int | datetime | str, *, first: bo
     return version_at(history.versions, moment)
 
 
-def rollbacks(spark: SparkSession, target: str) -> list[RollbackRecord]:
+def read_history(reader: TableReader, target: str, *, checked: bool = False) -> list[HistoryEntry]:
+    """The history of the mirror at `target`, oldest first, read through `reader`.
+
+    `checked`: the caller already knows `target` is a mirror (check_mirror otherwise).
+    """
+    if not checked:
+        check_mirror(reader, target)
+    return _guarded(
+        lambda: reader.history(MirrorLayout(target).data), f"the history of {target}"
+    )
+
+
+def rollbacks(
+    spark: SparkSession | None, target: str, *, engine: str | None = None
+) -> list[RollbackRecord]:
     """Every rollback and full resync still in the table history, oldest first.
+
+    Read with delta-rs unless a SparkSession is given or `engine` is "spark".
 
     >>> for record in rollbacks(spark, "/data/mirror"):  # doctest: +SKIP
     ...     print(record.explain())
     """
-    history = MirrorHistory.read(spark, target)
-    records = (rollback_record(entry) for entry in history.entries)
+    records = (rollback_record(entry) for entry in _history_of(spark, target, engine))
     return [record for record in records if record is not None]
 
 
-def commit_activity(spark: SparkSession, target: str) -> list[CommitActivity]:
+def commit_activity(
+    spark: SparkSession | None, target: str, *, engine: str | None = None
+) -> list[CommitActivity]:
     """Per commit: rows inserted, updated, deleted and source seqnos applied, oldest first.
 
+    Read with delta-rs unless a SparkSession is given or `engine` is "spark".
+
     >>> import pandas as pd  # doctest: +SKIP
-    >>> activity = pd.DataFrame(commit_activity(spark, "/data/mirror"))  # doctest: +SKIP
+    >>> activity = pd.DataFrame(commit_activity(None, "/data/mirror"))  # doctest: +SKIP
     >>> activity.set_index("committed_at")["source_changes"].plot()  # doctest: +SKIP
     """
-    return commit_activities(MirrorHistory.read(spark, target).entries)
+    return commit_activities(_history_of(spark, target, engine))
+
+
+def _history_of(spark: SparkSession | None, target: str, engine: str | None) -> list[HistoryEntry]:
+    from replicator.delta.reader import DELTA_RS, SPARK, table_reader
+
+    reader = table_reader(engine or (SPARK if spark is not None else DELTA_RS), spark)
+    return read_history(reader, target)
 
 
 def _vbucket_checkpoints(mirror: MirrorTable, vbucket: int) -> list[Checkpoint]:
@@ -974,7 +968,7 @@ def _vbucket_checkpoints(mirror: MirrorTable, vbucket: int) -> list[Checkpoint]:
     if is_delta_table_at(mirror.spark, table.path):
         found = {c.table_version: c for c in table.for_vbucket(vbucket)}
         floors = table.newest_versions_by_owner()
-    for checkpoint in pending_checkpoints(mirror, floors):
+    for checkpoint in pending_checkpoints(mirror.commits_after(floors), floors):
         if checkpoint.vbucket == vbucket:
             found.setdefault(checkpoint.table_version, checkpoint)
     return sorted(found.values(), key=lambda c: (c.table_version, c.batch_id))
@@ -1003,6 +997,7 @@ __all__ = [
     "document_history",
     "mirror_as_of",
     "mirror_at_source_seqno",
+    "read_history",
     "readable_versions",
     "resolve_source_seqno",
     "resolve_version",

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from replicator.delta.reader import DELTA_RS, SPARK
 from replicator.errors import ConfigError
 from replicator.status import align_columns, format_time
 
@@ -26,6 +27,8 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 DEFAULT_LIMIT = 20
+_DELTA_RS_QUESTIONS = frozenset({"rollbacks"})
+"""Questions delta-rs answers (no JVM); the others need Spark's time travel and change feed."""
 VALUE_WIDTH = 60
 """Document text wider than this is cut in the readable tables (never in --json)."""
 
@@ -37,8 +40,11 @@ _CHANGE_COLUMNS = ("_commit_version", "_change_type", *_ROW_COLUMNS)
 
 def add_audit_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags and subcommands of `replicator audit`."""
+    from replicator.cli import add_engine_flag
+
     parser.add_argument("--target", help="path of the mirror Delta table")
     _add_json_flag(parser, default=False)
+    add_engine_flag(parser)
     questions = parser.add_subparsers(dest="audit_command", required=True, metavar="QUESTION")
 
     history = questions.add_parser("history", help="every committed version of one document")
@@ -67,6 +73,7 @@ def add_audit_arguments(parser: argparse.ArgumentParser) -> None:
     for sub in (history, as_of, at_seqno, changes, rollbacks):
         _add_json_flag(sub, default=argparse.SUPPRESS)
         sub.add_argument("--target", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+        add_engine_flag(sub, default=argparse.SUPPRESS)
     for sub in (as_of, at_seqno, changes):
         sub.add_argument(
             "--limit", type=int, default=DEFAULT_LIMIT,
@@ -81,13 +88,26 @@ def run_audit(args: argparse.Namespace, *, spark: SparkSession | None = None) ->
     limit = getattr(args, "limit", DEFAULT_LIMIT)
     if limit < 0:
         raise ConfigError("--limit must not be negative")
-    if spark is None:
+    engine = _engine(args.audit_command, args.engine, spark)
+    if engine == SPARK and spark is None:
         from replicator.spark import build_session
 
         spark = build_session("replicator-audit")
     answer = _QUESTIONS[args.audit_command](spark, args)
     print(json.dumps(answer.document, indent=2, default=str) if args.json else answer.text)
     return 0
+
+
+def _engine(question: str, asked: str | None, spark: SparkSession | None) -> str:
+    """The engine that answers `question`: delta-rs where it can, unless Spark is asked for."""
+    if asked == DELTA_RS and question not in _DELTA_RS_QUESTIONS:
+        raise ConfigError(
+            f"audit {question} reads the mirror with Spark (time travel and the change data feed "
+            "across rollback commits); drop --engine delta-rs"
+        )
+    if asked is not None:
+        return asked
+    return DELTA_RS if question in _DELTA_RS_QUESTIONS and spark is None else SPARK
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,10 +186,10 @@ def _changes(spark: SparkSession, args: argparse.Namespace) -> Answer:
                         _CHANGE_COLUMNS)
 
 
-def _rollbacks(spark: SparkSession, args: argparse.Namespace) -> Answer:
+def _rollbacks(spark: SparkSession | None, args: argparse.Namespace) -> Answer:
     from replicator.audit import rollbacks
 
-    records = rollbacks(spark, args.target)
+    records = rollbacks(spark, args.target, engine=_engine("rollbacks", args.engine, spark))
     document = {"rollbacks": [r.to_json() for r in records]}
     if not records:
         return Answer(f"no rollbacks in the history of {args.target}", document)
@@ -183,7 +203,7 @@ def _rollbacks(spark: SparkSession, args: argparse.Namespace) -> Answer:
     return Answer(text + "\n\n" + "\n".join(r.explain() for r in records), document)
 
 
-_QUESTIONS: dict[str, Callable[[SparkSession, argparse.Namespace], Answer]] = {
+_QUESTIONS: dict[str, Callable[[Any, argparse.Namespace], Answer]] = {
     "history": _history,
     "as-of": _as_of,
     "at-seqno": _at_seqno,

@@ -55,6 +55,14 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_engine_flag(parser: argparse.ArgumentParser, *, default: Any = None) -> None:
+    """`--engine`: which implementation reads the mirror (delta-rs needs no JVM)."""
+    parser.add_argument(
+        "--engine", choices=("delta-rs", "spark"), default=default,
+        help="read the mirror with delta-rs (default: no JVM, answers in a second) or Spark",
+    )
+
+
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of `replicator run` (and of `spark-submit jobs/replicate.py`)."""
     _add_config_flags(parser)
@@ -94,14 +102,19 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
+    from replicator.health import HealthThresholds
     from replicator.status import read_status
 
     config = config_from_args(args)
     if not config.target:
         raise ConfigError("status needs --target PATH (or set target)")
-    status = read_status(config)
+    thresholds = HealthThresholds(
+        max_lag_seqnos=args.max_lag_seqnos, max_lag_s=args.max_lag_s,
+        stalled_after_s=args.stalled_after_s,
+    )
+    status = read_status(config, engine=args.engine, thresholds=thresholds)
     print(status.to_json_text() if args.json else status.render())
-    return EXIT_OK
+    return status.health.exit_code
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
@@ -128,6 +141,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The parser of the `replicator` command and its subcommands."""
+    from replicator.health import HealthThresholds
+
     parser = argparse.ArgumentParser(
         prog="replicator",
         description="Mirror a Couchbase bucket into Delta Lake through DCP.",
@@ -140,12 +155,30 @@ def build_parser() -> argparse.ArgumentParser:
     run.set_defaults(handler=_cmd_run)
 
     status = commands.add_parser(
-        "status", help="per-vbucket positions, lag and rollbacks",
+        "status", help="per-vbucket positions, lag, rollbacks and health",
         description="Show where the mirror stands. Reads the mirror only; with --source (which "
-        "needs the password) also the lag behind the producer's high seqnos.",
+        "needs the password) also the lag behind the producer's high seqnos. Exits with the "
+        "health verdict: 0 ok, 3 lagging, 4 stalled, 5 fenced (2 on errors).",
     )
     _add_config_flags(status)
     status.add_argument("--json", action="store_true", help="machine-readable output")
+    add_engine_flag(status)
+    defaults = HealthThresholds()
+    status.add_argument(
+        "--max-lag-seqnos", type=int, default=defaults.max_lag_seqnos,
+        help="lagging above this many seqnos behind --source in all "
+        f"(default {defaults.max_lag_seqnos})",
+    )
+    status.add_argument(
+        "--max-lag-s", type=float, default=defaults.max_lag_s,
+        help="lagging when a vbucket behind --source last committed longer ago "
+        f"(default {defaults.max_lag_s:g})",
+    )
+    status.add_argument(
+        "--stalled-after-s", type=float, default=defaults.stalled_after_s,
+        help="stalled when a vbucket behind --source last committed longer ago "
+        f"(default {defaults.stalled_after_s:g})",
+    )
     status.set_defaults(handler=_cmd_status)
 
     verify = commands.add_parser(

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -96,6 +96,27 @@ class VbucketSelection:
         if not self.ranges:
             return "all"
         return ",".join(f"{a}-{b}" if a != b else str(a) for a, b in self.ranges)
+
+
+def vbucket_ranges(vbuckets: Iterable[int]) -> str:
+    """Vbuckets written as `--vbuckets` takes them, runs joined (pure).
+
+    >>> vbucket_ranges([7, 0, 1, 2, 3])
+    '0-3,7'
+    """
+    ordered = sorted(set(vbuckets))
+    if not ordered:
+        return ""
+    parts: list[str] = []
+    start = previous = ordered[0]
+    for vbucket in [*ordered[1:], None]:
+        if vbucket is not None and vbucket == previous + 1:
+            previous = vbucket
+            continue
+        parts.append(str(start) if start == previous else f"{start}-{previous}")
+        if vbucket is not None:
+            start = previous = vbucket
+    return ",".join(parts)
 
 
 @dataclass(frozen=True)

@@ -18,20 +18,23 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from replicator.config import ReplicatorConfig
 from replicator.dcp.positions import VbucketPosition
-from replicator.errors import ConfigError, NotAMirrorError
+from replicator.errors import ConfigError, NotAMirrorError, ReplicatorError
+from replicator.health import HealthThresholds, HealthVerdict, judge
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
     from replicator.delta.checkpoints import Checkpoint
     from replicator.delta.ownership import OwnerRecord
-    from replicator.delta.table import MirrorTable
+    from replicator.delta.reader import HistoryEntry, TableReader
+    from replicator.delta.schema import MirrorConfig
+    from replicator.delta.table import CommitRecord, MirrorTable
 
 FOLD_ABOVE = 64
 """With more vbuckets than this, runs of vbuckets in identical state print as one range."""
@@ -43,14 +46,12 @@ ROLLBACK_KINDS = ("rollback", "resync")
 # --- opening a mirror without writing -----------------------------------------------------
 
 
-def open_mirror(spark: SparkSession, target: str, *, bucket: str | None = None) -> MirrorTable:
-    """Open the existing mirror at `target` for reading; never creates anything.
+def check_mirror(reader: TableReader, target: str, *, bucket: str | None = None) -> MirrorConfig:
+    """The config of the existing mirror at `target`, read through `reader`; writes nothing.
 
     NotAMirrorError when nothing is there, when it holds something other than a replicator
     mirror, or (given `bucket`) when it mirrors another bucket.
     """
-    from delta.tables import DeltaTable
-
     from replicator.delta.schema import (
         BUCKET_PROPERTY,
         FORMAT_PROPERTY,
@@ -58,29 +59,23 @@ def open_mirror(spark: SparkSession, target: str, *, bucket: str | None = None) 
         MirrorConfig,
         MirrorLayout,
     )
-    from replicator.delta.table import (
-        MirrorTable,
-        engine_error_summary,
-        is_delta_table_at,
-        path_exists,
-    )
+    from replicator.delta.table import engine_error_summary
 
     layout = MirrorLayout(target)
     try:
-        if not is_delta_table_at(spark, layout.data):
-            if path_exists(spark, layout.data):
+        if not reader.is_table(layout.data):
+            if reader.path_exists(layout.data):
                 raise NotAMirrorError(
                     f"{target} is not a replicator mirror: it holds no Delta table"
                 )
             raise NotAMirrorError(
                 f"no mirror at {target}: the path does not exist (run `replicator run` first)"
             )
-        detail = DeltaTable.forPath(spark, layout.data).detail().select("properties").first()
-    except NotAMirrorError:
+        properties = reader.properties(layout.data)
+    except ReplicatorError:
         raise
     except Exception as exc:
         raise ConfigError(f"cannot read {target}: {engine_error_summary(exc)}") from None
-    properties: Mapping[str, str] = (detail["properties"] if detail else None) or {}
     mirrored = properties.get(BUCKET_PROPERTY)
     layout_format = properties.get(FORMAT_PROPERTY)
     if mirrored is None or layout_format is None:
@@ -97,11 +92,21 @@ def open_mirror(spark: SparkSession, target: str, *, bucket: str | None = None) 
         raise NotAMirrorError(
             f"{target} is the mirror of bucket {mirrored!r}, not of {bucket!r}"
         )
-    return MirrorTable(spark, layout, MirrorConfig(mirrored))
+    return MirrorConfig(mirrored)
+
+
+def open_mirror(spark: SparkSession, target: str, *, bucket: str | None = None) -> MirrorTable:
+    """Open the existing mirror at `target` with Spark; never creates anything (check_mirror)."""
+    from replicator.delta.reader import SparkReader
+    from replicator.delta.schema import MirrorLayout
+    from replicator.delta.table import MirrorTable
+
+    config = check_mirror(SparkReader(spark), target, bucket=bucket)
+    return MirrorTable(spark, MirrorLayout(target), config)
 
 
 def committed_checkpoints(mirror: MirrorTable) -> dict[int, Checkpoint]:
-    """Each vbucket's committed boundary as recovery would see it, read-only.
+    """Each vbucket's committed boundary as recovery would see it, read-only, with Spark.
 
     The newest checkpoint row per vbucket, replaced by any newer data commit that has no
     checkpoint rows yet (the data table is the point of truth).
@@ -110,24 +115,22 @@ def committed_checkpoints(mirror: MirrorTable) -> dict[int, Checkpoint]:
     from replicator.delta.table import is_delta_table_at
 
     checkpoints = CheckpointsTable.of(mirror)
-    if not is_delta_table_at(mirror.spark, checkpoints.path):
-        latest: dict[int, Checkpoint] = {}
-        floors: dict[str, int] = {}
-    else:
+    latest: dict[int, Checkpoint] = {}
+    floors: dict[str, int] = {}
+    if is_delta_table_at(mirror.spark, checkpoints.path):
         latest = checkpoints.latest()
         floors = checkpoints.newest_versions_by_owner()
-    for checkpoint in pending_checkpoints(mirror, floors):
-        known = latest.get(checkpoint.vbucket)
-        if known is None or known.table_version < checkpoint.table_version:
-            latest[checkpoint.vbucket] = checkpoint
-    return latest
+    return with_pending(latest, pending_checkpoints(mirror.commits_after(floors), floors))
 
 
-def pending_checkpoints(mirror: MirrorTable, floors: Mapping[str, int]) -> list[Checkpoint]:
-    """The checkpoints of data commits newer than their owner's floor version, oldest first.
+def pending_checkpoints(
+    commits: Iterable[CommitRecord], floors: Mapping[str, int]
+) -> list[Checkpoint]:
+    """The checkpoints of data commits newer than their owner's floor version (pure).
 
-    `floors` is `CheckpointsTable.newest_versions_by_owner()`: those commits have no checkpoint
-    rows yet (their process died between the two commits), one checkpoint per vbucket moved.
+    `floors` is each owner's newest version in the checkpoints table: commits above it have no
+    checkpoint rows yet (their process died between the two commits), one checkpoint per
+    vbucket moved.
     """
     from replicator.delta.checkpoints import Checkpoint
 
@@ -140,9 +143,34 @@ def pending_checkpoints(mirror: MirrorTable, floors: Mapping[str, int]) -> list[
             position=position,
             committed_at=record.timestamp,
         )
-        for record in mirror.commits_after(floors)
+        for record in sorted(commits, key=lambda r: r.version)
+        if record.version > floors.get(record.metadata.owner_id, -1)
         for position in record.metadata.positions.values()
     ]
+
+
+def with_pending(
+    latest: Mapping[int, Checkpoint], pending: Iterable[Checkpoint]
+) -> dict[int, Checkpoint]:
+    """`latest` checkpoints, each replaced by a newer pending one of its vbucket (pure)."""
+    merged = dict(latest)
+    for checkpoint in pending:
+        known = merged.get(checkpoint.vbucket)
+        if known is None or known.table_version < checkpoint.table_version:
+            merged[checkpoint.vbucket] = checkpoint
+    return merged
+
+
+def replicator_commits(entries: Iterable[HistoryEntry]) -> list[CommitRecord]:
+    """The commits the replicator made, from history entries, oldest first (pure)."""
+    from replicator.delta.table import CommitRecord
+
+    records = []
+    for entry in entries:
+        metadata = entry.commit_metadata
+        if metadata is not None:
+            records.append(CommitRecord(entry.version, entry.timestamp, metadata))
+    return sorted(records, key=lambda record: record.version)
 
 
 # --- the status values --------------------------------------------------------------------
@@ -254,6 +282,7 @@ class OwnerStatus:
     pid: int
     heartbeat_at: datetime
     live: bool
+    claimed: frozenset[int] = frozenset()
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -277,6 +306,12 @@ class MirrorStatus:
     vbuckets: tuple[VbucketStatus, ...]
     owners: tuple[OwnerStatus, ...] = ()
     with_source: bool = False
+    thresholds: HealthThresholds = field(default_factory=HealthThresholds)
+
+    @property
+    def health(self) -> HealthVerdict:
+        """ok, lagging, stalled or fenced, and why (replicator.health)."""
+        return judge(self, self.thresholds)
 
     @property
     def vbuckets_mirrored(self) -> int:
@@ -343,7 +378,7 @@ class MirrorStatus:
         never committed always fold (`fold=False` shows every vbucket on its own row). A
         sharded mirror gets an `owner` column: which replicator committed each vbucket last.
         """
-        lines = [self.summary()]
+        lines = [self.summary(), self.health.describe()]
         for owner in self.owners:
             if owner.live:
                 lines.append(
@@ -382,6 +417,7 @@ class MirrorStatus:
             "bucket": self.bucket,
             "table_version": self.table_version,
             "checked_at": self.checked_at.isoformat(),
+            "health": self.health.to_json(),
             "summary": {
                 "vbuckets": len(self.vbuckets),
                 "vbuckets_mirrored": self.vbuckets_mirrored,
@@ -462,38 +498,20 @@ def _range_label(first: int, last: int) -> str:
 
 
 def rollback_history(
-    mirror: MirrorTable, checkpoints: Mapping[int, Checkpoint] | None = None
+    rollback_rows: Iterable[Checkpoint],
+    checkpoints: Mapping[int, Checkpoint],
+    entries: Iterable[HistoryEntry],
 ) -> dict[int, tuple[int, RollbackRecord]]:
-    """vbucket -> (number of rollbacks, the newest one), from checkpoint rows and commits.
+    """vbucket -> (number of rollbacks, the newest one), from checkpoint rows and commits (pure).
 
-    `checkpoints` are the committed boundaries (committed_checkpoints); a newest boundary of a
-    rollback kind that has no checkpoint row yet is counted too.
+    `rollback_rows` are the checkpoint rows of a rollback kind; `checkpoints` the committed
+    boundaries (a newest boundary of a rollback kind without a checkpoint row yet counts too);
+    `entries` the data table's history, which holds each rollback's reason and origin.
     """
-    from pyspark.sql import functions as F
-
-    from replicator.delta.checkpoints import CheckpointsTable
-    from replicator.delta.schema import CommitMetadata
-    from replicator.delta.table import as_utc, is_delta_table_at
-
     seen: dict[int, dict[int, RollbackRecord]] = {}
-    table = CheckpointsTable.of(mirror)
-    if is_delta_table_at(mirror.spark, table.path):
-        rows = (
-            table.read()
-            .where(F.col("kind").isin(list(ROLLBACK_KINDS)))
-            .select("vbucket", "kind", "table_version", "seqno", "committed_at")
-            .collect()
-        )
-        for row in rows:
-            seen.setdefault(int(row["vbucket"]), {})[int(row["table_version"])] = RollbackRecord(
-                kind=str(row["kind"]),
-                at=as_utc(row["committed_at"]),
-                table_version=int(row["table_version"]),
-                to_seqno=int(row["seqno"]),
-            )
-    for vbucket, checkpoint in (checkpoints or {}).items():
+    for checkpoint in [*rollback_rows, *checkpoints.values()]:
         if checkpoint.kind in ROLLBACK_KINDS:
-            seen.setdefault(vbucket, {}).setdefault(
+            seen.setdefault(checkpoint.vbucket, {}).setdefault(
                 checkpoint.table_version,
                 RollbackRecord(
                     checkpoint.kind, checkpoint.committed_at, checkpoint.table_version,
@@ -501,14 +519,13 @@ def rollback_history(
                 ),
             )
     newest = {vb: records[max(records)] for vb, records in seen.items()}
+    wanted = {record.table_version for record in newest.values()}
     details: dict[int, Mapping[str, Any]] = {}
-    versions = sorted({record.table_version for record in newest.values()})
-    if versions:
-        history = mirror.delta().history().where(F.col("version").isin(versions))
-        for row in history.select("version", "userMetadata").collect():
-            metadata = CommitMetadata.from_json(row["userMetadata"])
+    for entry in entries:
+        if entry.version in wanted:
+            metadata = entry.commit_metadata
             if metadata is not None:
-                details[int(row["version"])] = metadata.details
+                details[entry.version] = metadata.details
     result = {}
     for vbucket, record in newest.items():
         facts = details.get(record.table_version, {})
@@ -525,17 +542,6 @@ def rollback_history(
     return result
 
 
-def owner_records(mirror: MirrorTable) -> list[OwnerRecord]:
-    """The claims in the mirror's owners table, live or expired (none when it has no table)."""
-    from replicator.delta.ownership import OwnersTable
-    from replicator.delta.table import is_delta_table_at
-
-    owners = OwnersTable.of(mirror)
-    if not is_delta_table_at(mirror.spark, owners.path):
-        return []
-    return owners.records()
-
-
 def owner_statuses(records: Iterable[OwnerRecord], now: datetime) -> tuple[OwnerStatus, ...]:
     """The claims `records`, live or stale at `now`, by owner id (pure)."""
     return tuple(
@@ -546,25 +552,78 @@ def owner_statuses(records: Iterable[OwnerRecord], now: datetime) -> tuple[Owner
             pid=record.pid,
             heartbeat_at=record.heartbeat_at,
             live=record.is_live(now),
+            claimed=record.vbuckets,
         )
         for record in sorted(records, key=lambda r: r.owner_id)
     )
 
 
-def streamed_vbuckets(mirror: MirrorTable) -> frozenset[int]:
-    """The vbuckets with a stored failover log: a replicator opened their streams.
+@dataclass(frozen=True, slots=True)
+class MirrorReadout:
+    """What status reads of a mirror, whichever engine read it.
 
-    Saved after every successful stream request, and kept when the claim is released (the
-    owners table forgets a released claim), so they say which vbuckets a finished run took on.
+    `checkpoints` are the committed boundaries (checkpoint rows overlaid with data commits that
+    have none yet); `streamed` the vbuckets with a stored failover log: a replicator opened
+    their streams (kept when a claim is released, which the owners table forgets).
     """
-    from replicator.delta.failover_logs import FailoverLogsTable
-    from replicator.delta.table import is_delta_table_at
 
-    table = FailoverLogsTable.of(mirror)
-    if not is_delta_table_at(mirror.spark, table.path):
-        return frozenset()
-    rows = mirror.spark.read.format("delta").load(table.path).select("vbucket").collect()
-    return frozenset(int(row["vbucket"]) for row in rows)
+    bucket: str
+    table_version: int
+    checkpoints: Mapping[int, Checkpoint]
+    rollbacks: Mapping[int, tuple[int, RollbackRecord]]
+    owners: tuple[OwnerRecord, ...]
+    streamed: frozenset[int]
+
+
+def read_mirror(reader: TableReader, target: str, *, bucket: str | None = None) -> MirrorReadout:
+    """Read what status needs of the mirror at `target` through `reader` (writes nothing)."""
+    import pyarrow.compute as pc
+
+    from replicator.delta.checkpoints import (
+        CHECKPOINT_COLUMNS,
+        checkpoint_of_row,
+        newest_per_vbucket,
+        newest_versions_per_owner,
+    )
+    from replicator.delta.ownership import owner_record_of_row
+    from replicator.delta.schema import OWNER_SCHEMA, MirrorLayout
+
+    config = check_mirror(reader, target, bucket=bucket)
+    layout = MirrorLayout(target)
+    version = reader.version(layout.data)
+    entries = reader.history(layout.data)
+    latest: dict[int, Checkpoint] = {}
+    floors: dict[str, int] = {}
+    rollback_rows: list[Checkpoint] = []
+    if reader.is_table(layout.checkpoints):
+        rows = reader.read(layout.checkpoints, CHECKPOINT_COLUMNS)
+        latest = newest_per_vbucket(rows)
+        floors = newest_versions_per_owner(rows)
+        rolled = rows.filter(pc.is_in(rows.column("kind"), _string_array(ROLLBACK_KINDS)))
+        rollback_rows = [checkpoint_of_row(row) for row in rolled.to_pylist()]
+    checkpoints = with_pending(latest, pending_checkpoints(replicator_commits(entries), floors))
+    owners: tuple[OwnerRecord, ...] = ()
+    if reader.is_table(layout.owners):
+        owner_rows = reader.read(layout.owners, OWNER_SCHEMA.fieldNames()).to_pylist()
+        owners = tuple(owner_record_of_row(row) for row in owner_rows)
+    streamed: frozenset[int] = frozenset()
+    if reader.is_table(layout.failover_logs):
+        logged = reader.read(layout.failover_logs, ["vbucket"]).column("vbucket").to_pylist()
+        streamed = frozenset(int(vb) for vb in logged)
+    return MirrorReadout(
+        bucket=config.bucket,
+        table_version=version,
+        checkpoints=checkpoints,
+        rollbacks=rollback_history(rollback_rows, checkpoints, entries),
+        owners=owners,
+        streamed=streamed,
+    )
+
+
+def _string_array(values: Iterable[str]) -> Any:
+    import pyarrow as pa
+
+    return pa.array(list(values), pa.string())
 
 
 @dataclass(frozen=True, slots=True)
@@ -615,6 +674,7 @@ def build_status(
     owners: Sequence[OwnerRecord],
     streamed: Iterable[int] = (),
     source: SourceSeqnos | None = None,
+    thresholds: HealthThresholds | None = None,
 ) -> MirrorStatus:
     """The status of a mirror from what was read of it (pure).
 
@@ -656,6 +716,7 @@ def build_status(
         vbuckets=tuple(vbuckets),
         owners=owner_statuses(owners, checked_at),
         with_source=source is not None,
+        thresholds=thresholds or HealthThresholds(),
     )
 
 
@@ -663,29 +724,31 @@ def read_status(
     config: ReplicatorConfig,
     *,
     spark: SparkSession | None = None,
+    engine: str | None = None,
     now: datetime | None = None,
+    thresholds: HealthThresholds | None = None,
 ) -> MirrorStatus:
-    """Read the mirror at `config.target` (and, with `config.source`, the producer's seqnos)."""
+    """Read the mirror at `config.target` (and, with `config.source`, the producer's seqnos).
+
+    `engine` is delta-rs (the default: no JVM) or spark (the default when `spark` is given).
+    """
+    from replicator.delta.reader import DELTA_RS, SPARK, table_reader
     from replicator.delta.table import now_utc
 
     if not config.target:
         raise ConfigError("status needs a target: pass --target PATH")
     source = read_source_seqnos(config) if config.source else None
-    if spark is None:
-        from replicator.spark import build_session
-
-        spark = build_session("replicator-status")
-    mirror = open_mirror(spark, config.target, bucket=source.bucket if source else None)
-    checked_at = now or now_utc()
-    checkpoints = committed_checkpoints(mirror)
+    reader = table_reader(engine or (SPARK if spark is not None else DELTA_RS), spark)
+    readout = read_mirror(reader, config.target, bucket=source.bucket if source else None)
     return build_status(
         config,
-        bucket=mirror.config.bucket,
-        table_version=mirror.version(),
-        checked_at=checked_at,
-        checkpoints=checkpoints,
-        rollbacks=rollback_history(mirror, checkpoints),
-        owners=owner_records(mirror),
-        streamed=streamed_vbuckets(mirror) if source is None else (),
+        bucket=readout.bucket,
+        table_version=readout.table_version,
+        checked_at=now or now_utc(),
+        checkpoints=readout.checkpoints,
+        rollbacks=readout.rollbacks,
+        owners=readout.owners,
+        streamed=readout.streamed if source is None else (),
         source=source,
+        thresholds=thresholds,
     )

@@ -13,6 +13,8 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import subprocess
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -777,3 +779,90 @@ def test_change_data_feed_of_a_rollback_commit_reads_the_same_in_both_engines(
 
     assert expected, "the scenario has a rollback commit"
     assert actual == expected
+
+
+# --- the read-side commands on delta-rs: the same answers as Spark, without a JVM -----------
+
+
+@pytest.mark.spark
+def test_both_engines_read_the_same_history(spark: Any, scenario: AuditScenario) -> None:
+    from replicator.delta.reader import DeltaRsReader, SparkReader
+
+    through_spark = SparkReader(spark).history(scenario.target)
+    through_delta_rs = DeltaRsReader().history(scenario.target)
+
+    # Timestamps included: delta-rs's are taken from the commit files, as Spark's are.
+    assert through_delta_rs == through_spark
+    assert {entry.operation for entry in through_spark} >= {"MERGE", "CREATE TABLE"}
+    assert [entry.version for entry in through_spark] == list(range(len(through_spark)))
+
+
+@pytest.mark.spark
+def test_rollbacks_and_activity_are_the_same_with_either_engine(
+    spark: Any, scenario: AuditScenario
+) -> None:
+    from replicator.audit import commit_activity
+
+    expected = rollbacks(spark, scenario.target)
+
+    assert rollbacks(None, scenario.target) == expected
+    assert rollbacks(spark, scenario.target, engine="delta-rs") == expected
+    assert [r.vbucket for r in expected] == [ROLLED]
+    assert commit_activity(None, scenario.target) == commit_activity(spark, scenario.target)
+
+
+def no_java_environment(tmp_path: Path) -> dict[str, str]:
+    """The environment with no way to start a JVM: no java on PATH, JAVA_HOME pointing nowhere."""
+    import os
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    # Only the Python interpreter's directory: `java` is not in it.
+    python_dir = os.path.dirname(sys.executable)
+    assert shutil.which("java", path=python_dir) is None
+    return {**os.environ, "PATH": f"{python_dir}:{bin_dir}", "JAVA_HOME": str(tmp_path / "none"),
+            "SPARK_HOME": str(tmp_path / "none")}
+
+
+def run_replicator(env: dict[str, str], *argv: str) -> subprocess.CompletedProcess[str]:
+    code = "import sys; from replicator.cli import main; sys.exit(main())"
+    # Generous: with --engine spark a JVM starts, minutes on a busy two-core machine.
+    return subprocess.run([sys.executable, "-c", code, *argv], env=env, capture_output=True,
+                          text=True, timeout=600, check=False)
+
+
+@pytest.mark.spark
+def test_status_and_audit_rollbacks_answer_without_a_jvm_and_print_only_the_answer(
+    scenario: AuditScenario, tmp_path: Path
+) -> None:
+    env = no_java_environment(tmp_path)
+
+    status = run_replicator(env, "status", "--target", scenario.target)
+    audit = run_replicator(env, "audit", "--target", scenario.target, "rollbacks", "--json")
+    spark_needed = run_replicator(env, "audit", "--target", scenario.target, "--engine",
+                                  "delta-rs", "history", scenario.order_key)
+
+    assert (status.returncode, status.stderr) == (0, "")
+    assert status.stdout.startswith(f"mirror of bucket 'shop' at {scenario.target} ")
+    assert status.stdout.splitlines()[1] == "health: ok (lag not checked: give --source)"
+    assert (audit.returncode, audit.stderr) == (0, "")
+    (record,) = json.loads(audit.stdout)["rollbacks"]
+    assert (record["kind"], record["vbucket"]) == ("rollback", ROLLED)
+    # A question only Spark answers says so, instead of trying delta-rs.
+    assert spark_needed.returncode == 2 and spark_needed.stdout == ""
+    assert spark_needed.stderr.startswith("replicator: audit history reads the mirror with Spark")
+
+
+@pytest.mark.spark
+def test_status_through_spark_gives_the_same_answer_and_prints_nothing_else(
+    scenario: AuditScenario,
+) -> None:
+    import os
+
+    through_delta_rs = run_replicator(dict(os.environ), "status", "--target", scenario.target)
+    through_spark = run_replicator(dict(os.environ), "status", "--target", scenario.target,
+                                   "--engine", "spark")
+
+    # No JVM start-up line, no log4j profile, no Spark warning: the answer only.
+    assert (through_spark.returncode, through_spark.stderr) == (0, "")
+    assert through_spark.stdout == through_delta_rs.stdout

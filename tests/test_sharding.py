@@ -341,10 +341,10 @@ def test_status_of_a_sharded_mirror_shows_each_vbuckets_owner() -> None:
     sharded = status(*(vb(n, "vb0-1" if n < 2 else "vb2-3") for n in range(4)))
     assert sharded.sharded
     lines = sharded.render(fold=True).splitlines()
-    assert lines[2].split()[-1] == "owner"
+    assert lines[3].split()[-1] == "owner"
     # Identical vbuckets fold into one row per owner, never across owners.
-    assert [(row.split()[0], row.split()[-1]) for row in lines[3:]] == [
+    assert [(row.split()[0], row.split()[-1]) for row in lines[4:]] == [
         ("0-1", "vb0-1"), ("2-3", "vb2-3")
     ]
     single = status(*(vb(n, "vb0-3") for n in range(4)))
-    assert not single.sharded and "owner" not in single.render().splitlines()[2]
+    assert not single.sharded and "owner" not in single.render().splitlines()[3]

@@ -65,9 +65,14 @@ def test_summary_line_adds_up_the_vbuckets_and_owners() -> None:
     )
     lines = status.render().splitlines()
     assert lines[0] == status.summary()
-    assert lines[1].startswith("  owner vb0-1 (2 vbuckets) on db1 pid 11")
+    # vbuckets 0 and 2 are behind and last committed 30 minutes ago (or never).
+    assert lines[1] == (
+        "health: stalled (vbuckets 0,2 are behind the source and committed nothing for more "
+        "than 900 s)"
+    )
+    assert lines[2].startswith("  owner vb0-1 (2 vbuckets) on db1 pid 11")
     assert not any("owner old" in line for line in lines)
-    header, *rows = lines[3:]
+    header, *rows = lines[4:]
     assert header.split() == [
         "vbucket", "seqno", "vbucket", "uuid", "last", "commit", "rollbacks", "last", "rollback",
         "source", "high", "lag",
@@ -98,9 +103,9 @@ def test_many_vbuckets_in_identical_state_fold_into_ranges() -> None:
     vbuckets = [vb_status(vb, None, high=0) for vb in range(100)]
     vbuckets[50] = vb_status(50, 7, high=7)
     status = status_of(*vbuckets, with_source=True)
-    labels = [line.split()[0] for line in status.render().splitlines()[3:]]
+    labels = [line.split()[0] for line in status.render().splitlines()[4:]]
     assert labels == ["0-49", "50", "51-99"]
-    unfolded = status.render(fold=False).splitlines()[3:]
+    unfolded = status.render(fold=False).splitlines()[4:]
     assert len(unfolded) == 100
 
 
@@ -141,7 +146,8 @@ def test_vbuckets_that_never_committed_fold_even_among_few() -> None:
     )
 
     def labels(text: str) -> list[str]:
-        return [line.split()[0] for line in text.splitlines()[3:]]  # after summary, gap, header
+        # After the summary, health, a gap and the header.
+        return [line.split()[0] for line in text.splitlines()[4:]]
 
     # Committed vbuckets keep a row each below FOLD_ABOVE; a differing state breaks a run.
     assert labels(status.render()) == ["0", "1", "2-9", "10", "11"]
@@ -198,9 +204,10 @@ def test_without_a_source_every_claimed_vbucket_is_reported() -> None:
     ) in status.summary()
     # The never-committed vbuckets fold around the one that committed.
     lines = status.render().splitlines()
-    assert lines[1].startswith("  owner vb0-1023 (1024 vbuckets)")
-    assert lines[3].split()[0] == "vbucket"
-    rows = [line.split() for line in lines[4:]]
+    assert lines[1] == "health: ok (lag not checked: give --source)"
+    assert lines[2].startswith("  owner vb0-1023 (1024 vbuckets)")
+    assert lines[4].split()[0] == "vbucket"
+    rows = [line.split() for line in lines[5:]]
     assert rows == [
         ["0-699", "-", "-", "-", "0", "-"],
         ["700", "42", "1700", "2026-01-31", "12:00:05Z", "0", "-"],
@@ -285,6 +292,18 @@ def test_vbucket_selection_of_status() -> None:
 # --- reading a real mirror ------------------------------------------------------------------
 
 
+def read_with_both_engines(spark: Any, config: ReplicatorConfig) -> MirrorStatus:
+    """read_status through Spark, after checking delta-rs reads exactly the same status."""
+    from replicator.status import read_status
+
+    now = datetime.now(UTC)
+    through_spark = read_status(config, spark=spark, now=now)
+    through_delta_rs = read_status(config, engine="delta-rs", now=now)
+    assert through_delta_rs.to_json() == through_spark.to_json()
+    assert through_delta_rs.render() == through_spark.render()
+    return through_spark
+
+
 class Crash(Exception):
     """Raised by the fault hook: the process 'dies' between a data commit and its checkpoint."""
 
@@ -299,7 +318,6 @@ def test_status_reads_positions_rollbacks_and_uncheckpointed_commits(
     from replicator.delta.ownership import OwnersTable
     from replicator.delta.schema import ROLLBACK, MirrorConfig
     from replicator.delta.table import open_or_create
-    from replicator.status import read_status
     from tests.delta.helpers import UUID, batch, upsert, vbucket_commit
 
     target = str(tmp_path / "mirror")
@@ -332,7 +350,7 @@ def test_status_reads_positions_rollbacks_and_uncheckpointed_commits(
             1, [upsert(1, "y", 7)], seqno=7, first_load=False, previous_seqno=3,
         )))
 
-    status = read_status(ReplicatorConfig(target=target), spark=spark)
+    status = read_with_both_engines(spark, ReplicatorConfig(target=target))
 
     assert status.bucket == "travel" and not status.with_source
     by_vb = {vb.vbucket: vb for vb in status.vbuckets}
@@ -355,8 +373,8 @@ def test_status_reads_positions_rollbacks_and_uncheckpointed_commits(
     assert status.owners_live == 1 and status.owners[0].owner_id == "status-writer"
     assert status.render().splitlines()[0] == status.summary()
 
-    selected = read_status(
-        ReplicatorConfig(target=target, vbuckets=VbucketSelection.parse("1")), spark=spark
+    selected = read_with_both_engines(
+        spark, ReplicatorConfig(target=target, vbuckets=VbucketSelection.parse("1"))
     )
     assert [vb.vbucket for vb in selected.vbuckets] == [1]
 
@@ -365,8 +383,8 @@ def test_status_reads_positions_rollbacks_and_uncheckpointed_commits(
         "replicator.status.read_source_seqnos",
         lambda config: SourceSeqnos("travel", 4, {0: 2, 1: 7, 2: 1, 3: 0}),
     )
-    sourced = read_status(
-        ReplicatorConfig(source="couchbase://db1/travel", target=target), spark=spark
+    sourced = read_with_both_engines(
+        spark, ReplicatorConfig(source="couchbase://db1/travel", target=target)
     )
     assert [vb.vbucket for vb in sourced.vbuckets] == [0, 1, 2, 3]
     assert sourced.with_source and sourced.never_committed == 2
@@ -376,34 +394,49 @@ def test_status_reads_positions_rollbacks_and_uncheckpointed_commits(
     # Released, the claim is gone from the owners table: only committed vbuckets are known,
     # unless the failover logs (saved when streams open) remember the rest.
     owners.release(claim)
-    released = read_status(ReplicatorConfig(target=target), spark=spark)
+    released = read_with_both_engines(spark, ReplicatorConfig(target=target))
     assert released.owners_live == 0 and [vb.vbucket for vb in released.vbuckets] == [0, 1]
     FailoverLogsTable.of(mirror).save({vb: FailoverLog.of([(UUID, 0)]) for vb in range(64)})
-    streamed = read_status(ReplicatorConfig(target=target), spark=spark)
+    streamed = read_with_both_engines(spark, ReplicatorConfig(target=target))
     assert (len(streamed.vbuckets), streamed.never_committed) == (64, 62)
 
 
 @pytest.mark.spark
 def test_open_mirror_refuses_what_is_not_a_mirror(spark: Any, tmp_path: Path) -> None:
+    from replicator.delta.reader import DeltaRsReader
     from replicator.delta.schema import MirrorConfig
     from replicator.delta.table import open_or_create
-    from replicator.status import open_mirror
+    from replicator.status import check_mirror
+    from replicator.status import open_mirror as open_with_spark
+
+    def open_mirror(target: str, bucket: str | None = None) -> Any:
+        """Open with Spark, after checking delta-rs accepts or refuses it the same way."""
+        try:
+            config = check_mirror(DeltaRsReader(), target, bucket=bucket)
+        except NotAMirrorError as refused:
+            with pytest.raises(NotAMirrorError) as also:
+                open_with_spark(spark, target, bucket=bucket)
+            assert str(also.value) == str(refused)
+            raise
+        opened = open_with_spark(spark, target, bucket=bucket)
+        assert opened.config == config
+        return opened
 
     with pytest.raises(NotAMirrorError, match="does not exist"):
-        open_mirror(spark, str(tmp_path / "nothing"))
+        open_mirror(str(tmp_path / "nothing"))
     plain = tmp_path / "plain"
     plain.mkdir()
     (plain / "notes.txt").write_text("hello")
     with pytest.raises(NotAMirrorError, match="holds no Delta table"):
-        open_mirror(spark, str(plain))
+        open_mirror(str(plain))
     foreign = str(tmp_path / "foreign")
     spark.range(2).write.format("delta").save(foreign)
     with pytest.raises(NotAMirrorError, match="not a replicator mirror"):
-        open_mirror(spark, foreign)
+        open_mirror(foreign)
     other = str(tmp_path / "other")
     open_or_create(spark, other, MirrorConfig("beer-sample"))
-    assert open_mirror(spark, other).config.bucket == "beer-sample"
+    assert open_mirror(other).config.bucket == "beer-sample"
     with pytest.raises(NotAMirrorError, match="'beer-sample', not of 'travel'"):
-        open_mirror(spark, other, bucket="travel")
+        open_mirror(other, bucket="travel")
     # Reading never creates anything.
     assert not (tmp_path / "nothing").exists()

@@ -19,7 +19,10 @@ from replicator.delta.schema import CHECKPOINT_SCHEMA, txn_app_id
 from replicator.delta.table import SESSION_WRITE_LOCK, CommitRecord, MirrorTable, as_utc
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
+
+CHECKPOINT_COLUMNS = tuple(field.name for field in CHECKPOINT_SCHEMA.fields)
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,7 +123,7 @@ class CheckpointsTable:
                 return {}
             frame = frame.where(F.col("vbucket").isin(wanted))
         rows = _newest_per_vbucket(frame).collect()
-        return {int(row["vbucket"]): _checkpoint(row) for row in rows}
+        return {int(row["vbucket"]): checkpoint_of_row(row) for row in rows}
 
     def overview(self, vbuckets: Iterable[int]) -> CheckpointsOverview:
         """Every owner's newest version and batch, and the latest checkpoint of `vbuckets`.
@@ -145,7 +148,7 @@ class CheckpointsTable:
             newest_versions={str(r["owner_id"]): int(r["table_version"]) for r in owner_rows},
             newest_batches={str(r["owner_id"]): int(r["batch_id"]) for r in owner_rows},
             latest={
-                int(row["vbucket"]): _checkpoint(row) for row in rows if not row["per_owner"]
+                int(row["vbucket"]): checkpoint_of_row(row) for row in rows if not row["per_owner"]
             },
         )
 
@@ -153,7 +156,7 @@ class CheckpointsTable:
         """Every checkpoint of one vbucket, oldest (lowest table version) first."""
         rows = self.read().where(f"vbucket = {int(vbucket)}").collect()
         return sorted(
-            (_checkpoint(row) for row in rows), key=lambda c: (c.table_version, c.batch_id)
+            (checkpoint_of_row(row) for row in rows), key=lambda c: (c.table_version, c.batch_id)
         )
 
     def newest_versions_by_owner(self) -> dict[str, int]:
@@ -172,6 +175,41 @@ class CheckpointsTable:
         return None if value is None else int(value)
 
 
+def newest_per_vbucket(rows: pa.Table) -> dict[int, Checkpoint]:
+    """The newest checkpoint of each vbucket in Arrow `rows` of the table (pure).
+
+    What CheckpointsTable.latest answers, for rows another engine read. The table gains a row
+    per vbucket per commit, so the choice is made in Arrow and only the winners become objects.
+    """
+    import numpy as np
+
+    if rows.num_rows == 0:
+        return {}
+    ordered = rows.sort_by(
+        [("vbucket", "ascending"), ("table_version", "descending"), ("batch_id", "descending")]
+    )
+    vbuckets = ordered.column("vbucket").to_numpy()
+    firsts = np.flatnonzero(np.concatenate(([True], vbuckets[1:] != vbuckets[:-1])))
+    return {
+        int(row["vbucket"]): checkpoint_of_row(row) for row in ordered.take(firsts).to_pylist()
+    }
+
+
+def newest_versions_per_owner(rows: pa.Table) -> dict[str, int]:
+    """For each owner in Arrow `rows`, its newest table version (newest_versions_by_owner)."""
+    if rows.num_rows == 0:
+        return {}
+    grouped = rows.group_by("owner_id").aggregate([("table_version", "max")])
+    return {
+        str(owner): int(version)
+        for owner, version in zip(
+            grouped.column("owner_id").to_pylist(),
+            grouped.column("table_version_max").to_pylist(),
+            strict=True,
+        )
+    }
+
+
 def _newest_per_vbucket(frame: DataFrame) -> DataFrame:
     """The row of each vbucket with the highest table version (then batch id)."""
     from pyspark.sql import Window
@@ -187,7 +225,8 @@ def _newest_per_vbucket(frame: DataFrame) -> DataFrame:
     )
 
 
-def _checkpoint(row: Any) -> Checkpoint:
+def checkpoint_of_row(row: Any) -> Checkpoint:
+    """A Checkpoint from a row of the table (a Spark Row or a dict of its columns)."""
     position = VbucketPosition(
         int(row["vbucket"]),
         int(row["vbucket_uuid"]),

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from pyspark.sql.types import StringType, StructField, StructType
 
+from replicator.config import vbucket_ranges
 from replicator.delta.schema import OWNER_SCHEMA
 from replicator.delta.table import (
     MirrorTable,
@@ -52,19 +53,10 @@ def stable_owner_id(vbuckets: Iterable[int]) -> str:
     >>> stable_owner_id([0, 1, 2, 3, 7])
     'vb0-3,7'
     """
-    ordered = sorted(set(vbuckets))
-    if not ordered:
+    ranges = vbucket_ranges(vbuckets)
+    if not ranges:
         raise ValueError("an owner needs at least one vbucket")
-    ranges: list[str] = []
-    start = previous = ordered[0]
-    for vbucket in [*ordered[1:], None]:
-        if vbucket is not None and vbucket == previous + 1:
-            previous = vbucket
-            continue
-        ranges.append(str(start) if start == previous else f"{start}-{previous}")
-        if vbucket is not None:
-            start = previous = vbucket
-    readable = "vb" + ",".join(ranges)
+    readable = "vb" + ranges
     if len(readable) <= _MAX_READABLE_OWNER_ID:
         return readable
     return "vbset-" + hashlib.sha256(readable.encode()).hexdigest()[:16]
@@ -152,7 +144,7 @@ class OwnersTable:
         reader = self.spark.read.format("delta")
         if version is not None:
             reader = reader.option("versionAsOf", version)
-        return [_record(row) for row in reader.load(self.path).collect()]
+        return [owner_record_of_row(row) for row in reader.load(self.path).collect()]
 
     def claim(
         self,
@@ -434,7 +426,8 @@ def _record_row(record: OwnerRecord) -> tuple[Any, ...]:
     )
 
 
-def _record(row: Any) -> OwnerRecord:
+def owner_record_of_row(row: Any) -> OwnerRecord:
+    """An OwnerRecord from a row of the owners table (a Spark Row or a dict of its columns)."""
     return OwnerRecord(
         owner_id=str(row["owner_id"]),
         claim_id=str(row["claim_id"]),

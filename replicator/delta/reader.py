@@ -1,0 +1,326 @@
+"""Reading a mirror's tables without writing them: one interface, two engines.
+
+The read-side commands (`status`, `audit rollbacks`) need a table's properties, its history and a
+few small tables beside it. delta-rs (`deltalake`) reads those in milliseconds without a JVM;
+Spark needs a JVM start and a job per question, tens of seconds on a small machine. delta-rs is
+therefore the default for them, and Spark reads the same tables when asked (`--engine spark`)
+or where delta-rs is known to be wrong (its change data feed of old rollback commits, see the
+README). Both engines hand back the same values: history entries and Arrow tables, so
+everything above this module is written once.
+
+>>> reader = table_reader("delta-rs")  # doctest: +SKIP
+>>> reader.history("/data/mirror")[-1].operation  # doctest: +SKIP
+'MERGE'
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, Protocol
+from urllib.parse import urlparse
+
+from replicator.errors import ConfigError, ReplicatorError
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql import SparkSession
+
+    from replicator.delta.schema import CommitMetadata
+
+DELTA_RS = "delta-rs"
+SPARK = "spark"
+ENGINES = (DELTA_RS, SPARK)
+"""Engine names the read-side commands accept (`--engine`)."""
+
+_DELTA_RS_SCHEMES = frozenset({"", "file", "s3", "s3a", "gs", "az", "abfs", "abfss", "azure"})
+"""URI schemes delta-rs opens; anything else (hdfs://, ...) is read with Spark."""
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryEntry:
+    """One commit of a Delta table's history (DESCRIBE HISTORY), whichever engine read it."""
+
+    version: int
+    timestamp: datetime
+    operation: str
+    parameters: Mapping[str, str]
+    metrics: Mapping[str, str]
+    user_metadata: str | None
+
+    @property
+    def commit_metadata(self) -> CommitMetadata | None:
+        """The replicator's metadata of this commit, None for any other commit."""
+        from replicator.delta.schema import CommitMetadata
+
+        try:
+            return CommitMetadata.from_json(self.user_metadata)
+        except ValueError:
+            return None
+
+
+class TableReader(Protocol):
+    """Read-only access to Delta tables by path."""
+
+    engine: str
+
+    def is_table(self, path: str) -> bool:
+        """Whether `path` itself is the root of a Delta table."""
+        ...
+
+    def path_exists(self, path: str) -> bool:
+        """Whether anything exists at `path`."""
+        ...
+
+    def properties(self, path: str) -> Mapping[str, str]:
+        """The table properties (configuration) of the table at `path`."""
+        ...
+
+    def version(self, path: str) -> int:
+        """The newest version of the table at `path`."""
+        ...
+
+    def history(self, path: str) -> list[HistoryEntry]:
+        """Every commit still in the table's log, oldest first."""
+        ...
+
+    def read(self, path: str, columns: Sequence[str]) -> pa.Table:
+        """The current rows of the table at `path`, only `columns`."""
+        ...
+
+
+class DeltaRsReader:
+    """Reads with delta-rs: no JVM, and a table opens in milliseconds.
+
+    Tables are opened once per reader and path; a reader answers for the moment it first
+    looked, which is what one command wants.
+    """
+
+    engine = DELTA_RS
+
+    def __init__(self, storage_options: Mapping[str, str] | None = None) -> None:
+        self._storage_options = dict(storage_options or {})
+        self._tables: dict[str, Any] = {}
+
+    def is_table(self, path: str) -> bool:
+        from deltalake import DeltaTable
+
+        _check_scheme(path)
+        if path in self._tables:
+            return True
+        if not self.path_exists(f"{path.rstrip('/')}/_delta_log"):
+            return False
+        return bool(DeltaTable.is_deltatable(path, self._storage_options or None))
+
+    def path_exists(self, path: str) -> bool:
+        _check_scheme(path)
+        parsed = urlparse(path)
+        if parsed.scheme in ("", "file"):
+            return os.path.exists(parsed.path if parsed.scheme else path)
+        # Object stores have no directories; a table's log is what can be asked for.
+        from deltalake import DeltaTable
+
+        root = path.removesuffix("/_delta_log")
+        return bool(DeltaTable.is_deltatable(root, self._storage_options or None))
+
+    def properties(self, path: str) -> Mapping[str, str]:
+        return dict(self._table(path).metadata().configuration)
+
+    def version(self, path: str) -> int:
+        return int(self._table(path).version())
+
+    def history(self, path: str) -> list[HistoryEntry]:
+        entries = sorted(
+            (_entry_of_commit_info(info) for info in self._table(path).history()),
+            key=lambda entry: entry.version,
+        )
+        return _with_commit_file_times(path, entries)
+
+    def read(self, path: str, columns: Sequence[str]) -> pa.Table:
+        import pyarrow as pa
+
+        # scan() is delta-rs's own engine: it applies deletion vectors, which the
+        # pyarrow-dataset path (to_pyarrow_table) refuses.
+        table = pa.RecordBatchReader.from_stream(
+            self._table(path).scan(columns=list(columns))
+        ).read_all()
+        return _without_views(table)
+
+    def _table(self, path: str) -> Any:
+        from deltalake import DeltaTable
+
+        table = self._tables.get(path)
+        if table is None:
+            _check_scheme(path)
+            try:
+                table = DeltaTable(path, storage_options=self._storage_options or None)
+            except Exception as exc:
+                raise ReplicatorError(
+                    f"delta-rs cannot read the Delta table at {path}: {_first_line(exc)}; "
+                    "try --engine spark"
+                ) from None
+            self._tables[path] = table
+        return table
+
+
+class SparkReader:
+    """Reads with Spark and Delta's own Scala implementation (the writer's engine)."""
+
+    engine = SPARK
+
+    def __init__(self, spark: SparkSession) -> None:
+        self.spark = spark
+
+    def is_table(self, path: str) -> bool:
+        from replicator.delta.table import is_delta_table_at
+
+        return is_delta_table_at(self.spark, path)
+
+    def path_exists(self, path: str) -> bool:
+        from replicator.delta.table import path_exists
+
+        return path_exists(self.spark, path)
+
+    def properties(self, path: str) -> Mapping[str, str]:
+        from replicator.delta.table import table_properties_and_partitioning
+
+        return table_properties_and_partitioning(self.spark, path)[0]
+
+    def version(self, path: str) -> int:
+        from replicator.delta.table import table_version
+
+        return table_version(self.spark, path)
+
+    def history(self, path: str) -> list[HistoryEntry]:
+        from delta.tables import DeltaTable
+
+        from replicator.delta.table import as_utc
+
+        rows = (
+            DeltaTable.forPath(self.spark, path)
+            .history()
+            .select("version", "timestamp", "operation", "operationParameters",
+                    "operationMetrics", "userMetadata")
+            .collect()
+        )
+        entries = [
+            HistoryEntry(
+                version=int(row["version"]),
+                timestamp=as_utc(row["timestamp"]),
+                operation=str(row["operation"]),
+                parameters=dict(row["operationParameters"] or {}),
+                metrics=dict(row["operationMetrics"] or {}),
+                user_metadata=row["userMetadata"],
+            )
+            for row in rows
+        ]
+        return sorted(entries, key=lambda entry: entry.version)
+
+    def read(self, path: str, columns: Sequence[str]) -> pa.Table:
+        return self.spark.read.format("delta").load(path).select(*columns).toArrow()
+
+
+def table_reader(engine: str, spark: SparkSession | None = None) -> TableReader:
+    """A reader on `engine` (one of ENGINES); Spark's uses `spark`, or builds the session."""
+    if engine == DELTA_RS:
+        return DeltaRsReader()
+    if engine == SPARK:
+        if spark is None:
+            from replicator.spark import build_session
+
+            spark = build_session("replicator-read")
+        return SparkReader(spark)
+    raise ConfigError(f"unknown engine {engine!r}: choose one of {', '.join(ENGINES)}")
+
+
+def _entry_of_commit_info(info: Mapping[str, Any]) -> HistoryEntry:
+    """A delta-rs history dict as the HistoryEntry Spark's DESCRIBE HISTORY gives.
+
+    delta-rs returns the log's commitInfo: the timestamp in epoch milliseconds, and operation
+    parameters as written (Spark writes each as a JSON-encoded string; others may not).
+    """
+    return HistoryEntry(
+        version=int(info["version"]),
+        timestamp=datetime.fromtimestamp(int(info["timestamp"]) / 1000, UTC),
+        operation=str(info.get("operation", "")),
+        parameters=_string_map(info.get("operationParameters")),
+        metrics=_string_map(info.get("operationMetrics")),
+        user_metadata=info.get("userMetadata"),
+    )
+
+
+def _with_commit_file_times(path: str, entries: list[HistoryEntry]) -> list[HistoryEntry]:
+    """`entries` timed as Spark times them: by their commit files' modification times.
+
+    Delta's history and timestamp time travel use the commit file's modification time (made
+    strictly increasing), not the writer's clock in commitInfo, which runs a little earlier.
+    Only local files are looked at; on object stores the commitInfo time stays.
+    """
+    from dataclasses import replace
+
+    parsed = urlparse(path)
+    if parsed.scheme not in ("", "file"):
+        return entries
+    log_dir = os.path.join(parsed.path if parsed.scheme else path, "_delta_log")
+    timed: list[HistoryEntry] = []
+    previous_ms = -1
+    for entry in entries:
+        try:
+            stat = os.stat(os.path.join(log_dir, f"{entry.version:020d}.json"))
+        except OSError:
+            timed.append(entry)
+            continue
+        millis = max(stat.st_mtime_ns // 1_000_000, previous_ms + 1)
+        previous_ms = millis
+        timed.append(replace(entry, timestamp=datetime.fromtimestamp(millis / 1000, UTC)))
+    return timed
+
+
+def _without_views(table: pa.Table) -> pa.Table:
+    """`table` with delta-rs's string and binary view columns cast to plain ones.
+
+    Spark and most of pyarrow's kernels (take, sort) want the plain types.
+    """
+    import pyarrow as pa
+
+    plain = {
+        "string_view": pa.string(),
+        "binary_view": pa.binary(),
+    }
+    fields = [
+        field.with_type(plain.get(str(field.type), field.type)) for field in table.schema
+    ]
+    schema = pa.schema(fields, metadata=table.schema.metadata)
+    return table if schema.equals(table.schema) else table.cast(schema)
+
+
+def _string_map(value: Any) -> dict[str, str]:
+    if not isinstance(value, Mapping):
+        return {}
+    return {
+        str(k): v if isinstance(v, str) else json.dumps(v, separators=(",", ":"))
+        for k, v in value.items()
+    }
+
+
+def _check_scheme(path: str) -> None:
+    scheme = urlparse(path).scheme
+    # A one-letter scheme is a Windows drive, not a URI.
+    if len(scheme) > 1 and scheme not in _DELTA_RS_SCHEMES:
+        raise ConfigError(
+            f"delta-rs cannot open {scheme}:// paths ({path}): use --engine spark"
+        )
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+__all__ = [
+    "DELTA_RS", "ENGINES", "SPARK", "DeltaRsReader", "HistoryEntry", "SparkReader",
+    "TableReader", "table_reader",
+]
