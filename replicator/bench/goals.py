@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from replicator.bench.catch_up import CatchUpResult
 from replicator.bench.drain import DrainResult
 from replicator.bench.memory import MemoryResult
+from replicator.bench.read_side import ReadSideResult
 from replicator.bench.rollback import RollbackResult
 from replicator.bench.steady_state import SteadyStateResult
 
@@ -21,6 +22,7 @@ PEAK_RSS_GOAL_MIB = 2048.0
 CATCH_UP_GOAL_S = 10.0
 FILES_GOAL_RATIO = 4.0
 FILES_GOAL_WINDOW_S = 1800.0
+READ_SIDE_GOAL_S = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +50,7 @@ def evaluate_goals(
     memory: MemoryResult | None,
     rollback: RollbackResult | None,
     catch_up: CatchUpResult | None = None,
+    read_side: ReadSideResult | None = None,
 ) -> tuple[GoalCheck, ...]:
     """Judge every goal against the results (None / empty: that measurement did not run)."""
     return (
@@ -60,7 +63,27 @@ def evaluate_goals(
         _memory(memory),
         _rollback(rollback),
         _catch_up(catch_up),
+        *(_read_side(read_side, command) for command in ("status", "audit rollbacks")),
     )
+
+
+def _read_side(result: ReadSideResult | None, command: str) -> GoalCheck:
+    goal = (
+        f"`replicator {command}` answers in <= {READ_SIDE_GOAL_S:g} s wall clock, nothing on "
+        "stderr (1M rows, 1024 vbuckets, 500 versions)"
+    )
+    timing = result.timing(command, "delta-rs") if result is not None else None
+    if result is None or timing is None:
+        return GoalCheck(goal, "-", None)
+    spark = result.timing(command, "spark")
+    measured = (
+        f"median {timing.median_s:.2f} s of {len(timing.seconds)} runs on {result.rows:,} rows, "
+        f"{result.vbuckets} vbuckets, {result.versions} versions; "
+        + ("quiet" if timing.quiet else "printed to stderr")
+        + (f"; Spark engine {spark.median_s:.1f} s" if spark is not None else "")
+    )
+    passed = timing.answered and timing.quiet and timing.median_s <= READ_SIDE_GOAL_S
+    return GoalCheck(goal, measured, passed)
 
 
 def _catch_up(result: CatchUpResult | None) -> GoalCheck:

@@ -17,13 +17,14 @@ from replicator.bench.initial_load import InitialLoadResult
 from replicator.bench.machine import MachineDescription
 from replicator.bench.memory import MemoryResult
 from replicator.bench.plain_append import PlainAppendResult
+from replicator.bench.read_side import ReadSideResult
 from replicator.bench.rollback import RollbackResult
 from replicator.bench.serve import ServeResult
 from replicator.bench.steady_state import SteadyStateResult
 
 SECTIONS = (
     "serve", "drain", "initial_load", "plain_append", "steady_state", "memory", "rollback",
-    "catch_up",
+    "catch_up", "read_side",
 )  # fmt: skip
 """The measurements of a run, in the order they run and print."""
 
@@ -54,6 +55,7 @@ class BenchReport:
     failures: Mapping[str, str] = field(default_factory=dict)
     section_seconds: Mapping[str, float] = field(default_factory=dict)
     catch_up: CatchUpResult | None = None
+    read_side: ReadSideResult | None = None
 
 
 def load_ratio(initial: InitialLoadResult | None, plain: PlainAppendResult | None) -> float | None:
@@ -202,6 +204,26 @@ def measurement_rows(report: BenchReport) -> list[tuple[str, str, str]]:
             f"{c.items_committed:,} changes committed over {c.vbuckets} vbuckets on a mirror of "
             f"{c.docs:,} docs; {c.table_versions} table versions, {c.spark_jobs} Spark jobs; "
             f"caught up: {c.caught_up}",
+        ))
+    if report.read_side is not None:
+        rows.extend(_read_side_rows(report.read_side))
+    return rows
+
+
+def _read_side_rows(result: ReadSideResult) -> list[tuple[str, str, str]]:
+    mirror = (
+        f"{result.rows:,} rows, {result.vbuckets} vbuckets, {result.versions} versions, "
+        f"{result.checkpoint_rows:,} checkpoint rows, {result.rollbacks} rollbacks "
+        f"(history grown in {result.build_s:.0f} s)"
+    )
+    rows = []
+    for timing in result.timings:
+        runs = ", ".join(f"{s:.2f}" for s in timing.seconds)
+        said = "quiet" if timing.quiet else f"stderr: {timing.stderr.strip().splitlines()[0][:80]}"
+        rows.append((
+            f"9. `{timing.command}` ({timing.engine})",
+            f"{timing.median_s:.2f} s",
+            f"runs {runs} s; exit {timing.exit_code}; {said}; on {mirror}",
         ))
     return rows
 

@@ -28,6 +28,7 @@ from replicator.bench.memory import MemoryResult, measure_memory
 from replicator.bench.plain_append import PlainAppendResult, measure_plain_append
 from replicator.bench.presets import BenchPreset
 from replicator.bench.procfs import load_average
+from replicator.bench.read_side import ReadSideResult, measure_read_side
 from replicator.bench.report import BenchReport, load_ratio
 from replicator.bench.rollback import RollbackResult, measure_rollback
 from replicator.bench.serve import ServeResult, measure_serve
@@ -108,6 +109,7 @@ def run_suite(
     drain, initial = _load_from_one_producer(spark, preset, work, mirror_path, sections)
     plain: PlainAppendResult | None = None
     rollback: RollbackResult | None = None
+    read_side: ReadSideResult | None = None
     if initial is not None:
         plain = sections.run(
             "plain_append", "4. plain Arrow append of the same rows",
@@ -123,8 +125,16 @@ def run_suite(
                 changed_docs=preset.rollback_changed_docs,
             ),
         )  # fmt: skip
+        read_side = sections.run(
+            "read_side", f"9. read-side commands on the mirror grown to "
+            f"{preset.read_side_versions} versions",
+            lambda: measure_read_side(
+                spark, mirror_path, versions=preset.read_side_versions,
+                spark_runs=preset.read_side_spark_runs,
+            ),
+        )  # fmt: skip
     else:
-        for section in ("plain_append", "rollback"):
+        for section in ("plain_append", "rollback", "read_side"):
             sections.failures[section] = "not run: it needs the initial load's mirror"
     steady: list[SteadyStateResult] = []
     for rate, seed_docs, window_s in preset.steady_runs:
@@ -170,9 +180,10 @@ def run_suite(
         memory=memory,
         rollback=rollback,
         catch_up=catch_up,
+        read_side=read_side,
         goals=evaluate_goals(
             drain=drain, load_ratio=ratio, steady=steady, memory=memory, rollback=rollback,
-            catch_up=catch_up,
+            catch_up=catch_up, read_side=read_side,
         ),
         load_average_at_end=load_average(),
         seconds=time.perf_counter() - started,

@@ -87,6 +87,15 @@ def test_smoke_numbers_are_sane(smoke_run: tuple[BenchReport, dict[str, Any], Pa
     assert rollback["rows_restored"] is True
     assert rollback["files_added"] + rollback["files_removed"] > 0
     assert rollback["to_seqno"] < rollback["from_seqno"]
+    read_side = document["read_side"]
+    assert read_side["versions"] == preset.read_side_versions
+    assert read_side["rows"] == preset.docs and read_side["vbuckets"] == preset.vbuckets
+    assert read_side["checkpoint_rows"] >= preset.vbuckets * 2
+    commands = {(t["command"], t["engine"]) for t in read_side["timings"]}
+    assert commands == {("status", "delta-rs"), ("audit rollbacks", "delta-rs")}
+    for timing in read_side["timings"]:
+        # The answer and nothing else: no JVM, log4j or Python warning on stderr.
+        assert timing["exit_code"] == 0 and timing["stderr"] == "", timing
 
 
 @pytest.mark.spark
@@ -97,7 +106,7 @@ def test_smoke_report_renders_every_measurement(
     report, _, _ = smoke_run
     table = render_table(report)
     markdown = render_markdown(report)
-    for number in range(1, 8):
+    for number in range(1, 10):
         assert f"\n{number}. " in table, f"measurement {number} missing from the table"
     assert report.machine.cpu_model in table and report.machine.cpu_model in markdown
     assert markdown.count("| PASS |") + markdown.count("| MISS |") == len(report.goals)
