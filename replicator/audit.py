@@ -475,6 +475,9 @@ def _diff_fields(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[FieldCh
 
 def rollback_record(entry: HistoryEntry) -> RollbackRecord | None:
     """The rollback a history entry carried out; None for any other commit (pure)."""
+    header = entry.commit_header
+    if header is None or header.kind not in (ROLLBACK, RESYNC):
+        return None
     metadata = entry.commit_metadata
     if metadata is None or metadata.kind not in (ROLLBACK, RESYNC):
         return None

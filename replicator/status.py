@@ -161,12 +161,21 @@ def with_pending(
     return merged
 
 
-def replicator_commits(entries: Iterable[HistoryEntry]) -> list[CommitRecord]:
-    """The commits the replicator made, from history entries, oldest first (pure)."""
+def commits_above_floors(
+    entries: Iterable[HistoryEntry], floors: Mapping[str, int]
+) -> list[CommitRecord]:
+    """The replicator's commits newer than their owner's floor version, oldest first (pure).
+
+    Only those commits' metadata is parsed whole: a group commit's holds a position per
+    vbucket, and a long history holds hundreds of them.
+    """
     from replicator.delta.table import CommitRecord
 
     records = []
     for entry in entries:
+        header = entry.commit_header
+        if header is None or entry.version <= floors.get(header.owner_id, -1):
+            continue
         metadata = entry.commit_metadata
         if metadata is not None:
             records.append(CommitRecord(entry.version, entry.timestamp, metadata))
@@ -601,7 +610,9 @@ def read_mirror(reader: TableReader, target: str, *, bucket: str | None = None) 
         floors = newest_versions_per_owner(rows)
         rolled = rows.filter(pc.is_in(rows.column("kind"), _string_array(ROLLBACK_KINDS)))
         rollback_rows = [checkpoint_of_row(row) for row in rolled.to_pylist()]
-    checkpoints = with_pending(latest, pending_checkpoints(replicator_commits(entries), floors))
+    checkpoints = with_pending(
+        latest, pending_checkpoints(commits_above_floors(entries, floors), floors)
+    )
     owners: tuple[OwnerRecord, ...] = ()
     if reader.is_table(layout.owners):
         owner_rows = reader.read(layout.owners, OWNER_SCHEMA.fieldNames()).to_pylist()

@@ -185,14 +185,14 @@ def newest_per_vbucket(rows: pa.Table) -> dict[int, Checkpoint]:
 
     if rows.num_rows == 0:
         return {}
-    ordered = rows.sort_by(
-        [("vbucket", "ascending"), ("table_version", "descending"), ("batch_id", "descending")]
-    )
-    vbuckets = ordered.column("vbucket").to_numpy()
-    firsts = np.flatnonzero(np.concatenate(([True], vbuckets[1:] != vbuckets[:-1])))
-    return {
-        int(row["vbucket"]): checkpoint_of_row(row) for row in ordered.take(firsts).to_pylist()
-    }
+    vbuckets = rows.column("vbucket").to_numpy()
+    # Newest first within each vbucket: lexsort's last key is the primary one.
+    order = np.lexsort((
+        -rows.column("batch_id").to_numpy(), -rows.column("table_version").to_numpy(), vbuckets,
+    ))  # fmt: skip
+    ordered = vbuckets[order]
+    firsts = order[np.flatnonzero(np.concatenate(([True], ordered[1:] != ordered[:-1])))]
+    return {int(row["vbucket"]): checkpoint_of_row(row) for row in rows.take(firsts).to_pylist()}
 
 
 def newest_versions_per_owner(rows: pa.Table) -> dict[str, int]:

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import SparkSession
 
-    from replicator.delta.schema import CommitMetadata
+    from replicator.delta.schema import CommitHeader, CommitMetadata
 
 DELTA_RS = "delta-rs"
 SPARK = "spark"
@@ -50,6 +50,13 @@ class HistoryEntry:
     parameters: Mapping[str, str]
     metrics: Mapping[str, str]
     user_metadata: str | None
+
+    @property
+    def commit_header(self) -> CommitHeader | None:
+        """Owner and kind of a replicator commit, without parsing its positions."""
+        from replicator.delta.schema import CommitHeader
+
+        return CommitHeader.from_json(self.user_metadata)
 
     @property
     def commit_metadata(self) -> CommitMetadata | None:

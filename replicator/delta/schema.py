@@ -10,6 +10,7 @@ reached, so the checkpoints table can always be repaired from the data table's h
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -336,6 +337,45 @@ def _parse_position(vbucket: int, values: list[Any]) -> VbucketPosition:
     if len(numbers) == 6:
         return VbucketPosition(vbucket, *numbers)
     raise ValueError(f"vbucket {vbucket}: a position has 2, 4 or 6 numbers, got {len(numbers)}")
+
+
+_HEADER = re.compile(
+    r'\{"replicator":(\d+),"kind":"(\w+)","batch":(\d+),"part":(\d+),"owner":"([^"\\]*)"'
+)
+"""The fixed start of CommitMetadata.to_json: its keys come first, in this order."""
+
+
+@dataclass(frozen=True, slots=True)
+class CommitHeader:
+    """Who made a replicator commit and what kind it is, without its positions.
+
+    A commit's metadata holds a position per vbucket it moved (1024 for a group commit of a
+    whole bucket); readers that only filter commits by owner or kind read this instead.
+    """
+
+    kind: str
+    batch_id: int
+    part: int
+    owner_id: str
+
+    @classmethod
+    def from_json(cls, text: str | None) -> CommitHeader | None:
+        """The header of a commit's userMetadata; None when the replicator did not make it."""
+        if not text:
+            return None
+        match = _HEADER.match(text)
+        if match is not None:
+            if int(match[1]) != FORMAT_VERSION:
+                return None
+            return cls(match[2], int(match[3]), int(match[4]), match[5])
+        # Written some other way (another key order, escapes in the owner id): parse it all.
+        try:
+            metadata = CommitMetadata.from_json(text)
+        except ValueError:
+            return None
+        if metadata is None:
+            return None
+        return cls(metadata.kind, metadata.batch_id, metadata.part, metadata.owner_id)
 
 
 @dataclass(frozen=True, slots=True)

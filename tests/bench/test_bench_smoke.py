@@ -236,7 +236,7 @@ def test_memory_and_rollback_goals_need_a_complete_run() -> None:
         goals = evaluate_goals(
             drain=None, load_ratio=None, steady=(), memory=memory, rollback=rollback
         )
-        return _goal(goals, "peak RSS").verdict, _goal(goals, "rollback").verdict
+        return _goal(goals, "peak RSS").verdict, _goal(goals, "one-vbucket rollback").verdict
 
     assert verdicts(memory(python_mib=500.0), rollback(only_partition=True, restored=True)) == (
         "PASS", "PASS",
@@ -285,3 +285,30 @@ def test_two_shard_bench_removes_its_work_unless_kept_or_failed(
     assert main(args) == 1
     assert "shard 1/2 exited 1" in capsys.readouterr().err
     assert (work / "one-shard").is_dir(), "a failed measurement keeps its logs"
+
+
+def test_read_side_goals_need_a_quick_quiet_answer() -> None:
+    from replicator.bench.read_side import CommandTiming, ReadSideResult
+
+    def verdicts(*timings: CommandTiming) -> tuple[str, str]:
+        result = ReadSideResult(
+            rows=1_000, vbuckets=8, versions=500, checkpoint_rows=4_000, rollbacks=2,
+            build_s=1.0, timings=timings,
+        )  # fmt: skip
+        goals = evaluate_goals(
+            drain=None, load_ratio=None, steady=(), memory=None, rollback=None, read_side=result
+        )
+        return (_goal(goals, "`replicator status`").verdict,
+                _goal(goals, "`replicator audit rollbacks`").verdict)
+
+    quick = CommandTiming("status", "delta-rs", (1.2, 3.0, 1.4), 0, "")
+    lagging = CommandTiming("status", "delta-rs", (1.2,), 3, "")  # a health verdict: answered
+    noisy = CommandTiming("audit rollbacks", "delta-rs", (0.5,), 0, "WARNING: something\n")
+    slow = CommandTiming("audit rollbacks", "delta-rs", (2.5, 2.1, 1.0), 0, "")
+    failed = CommandTiming("status", "delta-rs", (0.3,), 2, "")
+    assert verdicts(quick, noisy) == ("PASS", "MISS")
+    assert verdicts(lagging, slow) == ("PASS", "MISS")
+    assert verdicts(failed)[0] == "MISS"
+    assert verdicts() == ("NOT RUN", "NOT RUN")
+    idle = evaluate_goals(drain=None, load_ratio=None, steady=(), memory=None, rollback=None)
+    assert _goal(idle, "`replicator status`").verdict == "NOT RUN"
