@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
     from replicator.config import ReplicatorConfig
+    from replicator.status import MirrorStatus
 
 EXIT_OK = 0
 EXIT_DIFFERENT = 1
@@ -42,6 +43,14 @@ _RUN_FLAGS = (
     ("--progress", "progress", str, "auto, bar, lines or off"),
     ("--sasl-mechanism", "sasl_mechanism", str,
      "SCRAM-SHA512, SCRAM-SHA256, SCRAM-SHA1 or PLAIN (default: strongest SCRAM offered)"),
+)
+
+
+_METRICS_FLAGS = (
+    ("--metrics-port", "metrics_port", int, "serve Prometheus metrics on http://HOST:PORT/metrics"),
+    ("--metrics-host", "metrics_host", str, "address the metrics endpoint binds (default 0.0.0.0)"),
+    ("--metrics-log-s", "metrics_log_s", float,
+     "also log the metrics as one JSON line every this many seconds (spark-submit)"),
 )
 
 
@@ -70,6 +79,8 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         "--until-caught-up", action="store_true",
         help="stop once every vbucket has committed the high seqno seen at start",
     )
+    for flag, field, kind, text in _METRICS_FLAGS:
+        parser.add_argument(flag, dest=field, type=kind, default=None, help=text)
 
 
 def config_from_args(
@@ -78,7 +89,9 @@ def config_from_args(
     """The config of parsed flags, merged over the TOML file and the environment."""
     from replicator.config import load_config
 
-    flags = {field: getattr(args, field, None) for _, field, _, _ in _RUN_FLAGS}
+    flags = {
+        field: getattr(args, field, None) for _, field, _, _ in (*_RUN_FLAGS, *_METRICS_FLAGS)
+    }
     flags["allow_plain_over_tcp"] = getattr(args, "allow_plain_over_tcp", None)
     flags.update(extra or {})
     return load_config(config_file=args.config, flags=flags)
@@ -113,8 +126,20 @@ def _cmd_status(args: argparse.Namespace) -> int:
         stalled_after_s=args.stalled_after_s,
     )
     status = read_status(config, engine=args.engine, thresholds=thresholds)
+    if args.plot:
+        _plot(status, config.target, args.engine, args.plot)
     print(status.to_json_text() if args.json else status.render())
     return status.health.exit_code
+
+
+def _plot(status: MirrorStatus, target: str, engine: str | None, path: str) -> None:
+    from replicator.audit import commit_activities, read_history
+    from replicator.delta.reader import DELTA_RS, table_reader
+    from replicator.lag_plot import plot_status
+
+    entries = read_history(table_reader(engine or DELTA_RS), target, checked=True)
+    written = plot_status(status, commit_activities(entries), path)
+    print(f"plotted lag and commit rate to {written}", file=sys.stderr)
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
@@ -163,6 +188,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_flags(status)
     status.add_argument("--json", action="store_true", help="machine-readable output")
     add_engine_flag(status)
+    status.add_argument(
+        "--plot", metavar="FILE.png",
+        help="also draw the commit rate and each vbucket's lag into a PNG (needs matplotlib)",
+    )
     defaults = HealthThresholds()
     status.add_argument(
         "--max-lag-seqnos", type=int, default=defaults.max_lag_seqnos,

@@ -145,6 +145,13 @@ class ReplicatorConfig:
     deleted_file_retention: str = "interval 7 days"
     progress: str = "auto"
     status_interval_s: float = 10.0
+    metrics_port: int = 0
+    """Serve Prometheus metrics on this port (0: no endpoint)."""
+    metrics_host: str = "0.0.0.0"
+    metrics_log_s: float = 0.0
+    """Write the metrics as a log line this often (0: never)."""
+    source_check_interval_s: float = 30.0
+    """How often a run asks the producer for its high seqnos: the lag's resolution."""
 
     def __post_init__(self) -> None:
         if self.memory_budget_mb < 8:
@@ -157,6 +164,12 @@ class ReplicatorConfig:
             raise ConfigError("flow_control_window_kb must be at least 16")
         if not 1 <= self.noop_interval_s <= 3600:
             raise ConfigError("noop_interval_s must be between 1 and 3600")
+        if not 0 <= self.metrics_port <= 65535:
+            raise ConfigError("metrics_port must be between 1 and 65535 (0: no endpoint)")
+        if self.source_check_interval_s <= 0:
+            raise ConfigError("source_check_interval_s must be positive")
+        if self.metrics_log_s < 0:
+            raise ConfigError("metrics_log_s must not be negative (0: no metrics log lines)")
         if self.progress not in ("auto", "bar", "lines", "off"):
             raise ConfigError("progress must be one of auto, bar, lines, off")
         if self.sasl_mechanism is not None:

@@ -236,6 +236,7 @@ class Replication:
         self._requested_targets: dict[int, int] | None = None
         self._targets_lock = threading.Lock()
         self._step_observers: list[Callable[[Replication], None]] = []
+        self._commit_listeners: list[Callable[[CommitBatch, float], None]] = []
         self._committer = (
             ThreadPoolExecutor(max_workers=1, thread_name_prefix="delta-commit")
             if commit_in_background else None
@@ -274,6 +275,15 @@ class Replication:
         """Call `observer(self)` on the replication thread after every step (progress readers
         that want a consistent view; register before `run`)."""
         self._step_observers.append(observer)
+
+    def on_commit_landed(self, listener: Callable[[CommitBatch, float], None]) -> None:
+        """Call `listener(batch, seconds)` on the replication thread as each data commit lands
+        (metrics; register before `run`)."""
+        self._commit_listeners.append(listener)
+
+    def source_highs(self) -> dict[int, int]:
+        """The producer's high seqnos at its last check, per vbucket of this run."""
+        return dict(self._source_watch.highs)
 
     def request_catch_up(self, targets: Mapping[int, int]) -> None:
         """Ask a continuous run to stop once every vbucket committed `targets` (thread-safe).
@@ -685,6 +695,8 @@ class Replication:
             if state.caught_up and state.streaming:
                 self._source.close_stream(state.vbucket)
                 state.streaming = False
+        for listener in self._commit_listeners:
+            listener(batch, seconds)
 
     def _targets_staged(self, ready: Mapping[int, Sequence[StagedSnapshots]]) -> bool:
         """A run with targets has every vbucket's target committed or staged: nothing more it

@@ -416,14 +416,41 @@ def run_replication(
             targets=source.targets,
             source_highs=source.highs,
             progress=ProgressReporter(config.progress, interval_s=config.status_interval_s),
+            source_check_interval_s=config.source_check_interval_s,
         )
         holder["replication"] = replication
+        _follow_with_metrics(config, replication, client, executor, stager, cleanup)
         if on_started is not None:
             on_started(replication)
         log.info("replicating %d vbuckets of %s into %s", len(vbuckets), client.bucket,
                  config.target)
         summary = replication.run(stop)
     return summary
+
+
+def _follow_with_metrics(
+    config: ReplicatorConfig,
+    replication: Replication,
+    client: DcpClient,
+    executor: CommitExecutor,
+    stager: Stager,
+    cleanup: ExitStack,
+) -> None:
+    """Serve and/or log the run's metrics, as `config` asks (nothing when it does not)."""
+    if not config.metrics_port and not config.metrics_log_s:
+        return
+    from replicator.metrics import MetricsSources, ReplicationMetrics
+
+    metrics = ReplicationMetrics(log_every_s=config.metrics_log_s or None)
+    metrics.attach(replication, MetricsSources(
+        reconnects=lambda: client.reconnects,
+        conflicts_retried=lambda: executor.conflicts_retried,
+        staged_bytes=lambda: stager.buffered_bytes,
+        spilled_bytes_total=lambda: stager.spilled_bytes_total,
+    ))  # fmt: skip
+    if config.metrics_port:
+        metrics.serve(config.metrics_port, config.metrics_host)
+        cleanup.callback(metrics.close)
 
 
 @dataclass(frozen=True, slots=True)

@@ -278,6 +278,8 @@ class DcpClient:
         self._errors: collections.deque[BaseException] = collections.deque()
         self._fatal: ReplicatorError | None = None
         self._last_connection_error: ReplicatorError | None = None
+        self.reconnects = 0
+        """Connections re-established after a loss since the client started (metrics)."""
         try:
             self._bootstrap()
         except BaseException:
@@ -658,6 +660,7 @@ class DcpClient:
                     return
                 self._adopt_config(connection.cluster_config, connection.host)
                 if self._register(node, connection):
+                    self.reconnects += 1
                     log.info("reconnected to %s", node)
                     return
         finally:
