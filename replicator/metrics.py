@@ -94,7 +94,7 @@ class ReplicationMetrics:
     """Keeps the newest MetricsSnapshot of a Replication and exposes it.
 
     >>> metrics = ReplicationMetrics()  # doctest: +SKIP
-    >>> metrics.attach(replication, MetricsSources(reconnects=lambda: client.reconnects))
+    >>> metrics.attach(replication, MetricsSources())  # doctest: +SKIP
     >>> metrics.serve(9464)  # doctest: +SKIP
     """
 

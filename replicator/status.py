@@ -750,7 +750,16 @@ def read_status(
         raise ConfigError("status needs a target: pass --target PATH")
     source = read_source_seqnos(config) if config.source else None
     reader = table_reader(engine or (SPARK if spark is not None else DELTA_RS), spark)
-    readout = read_mirror(reader, config.target, bucket=source.bucket if source else None)
+    try:
+        readout = read_mirror(reader, config.target, bucket=source.bucket if source else None)
+    except ReplicatorError:
+        raise
+    except Exception as exc:
+        from replicator.delta.table import engine_error_summary
+
+        raise ReplicatorError(
+            f"cannot read the mirror at {config.target}: {engine_error_summary(exc)}"
+        ) from None
     return build_status(
         config,
         bucket=readout.bucket,
