@@ -13,7 +13,7 @@ import signal
 import subprocess
 import tempfile
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -82,7 +82,7 @@ QUIET_LOG4J = Path(__file__).with_name("log4j2-quiet.properties")
 JVM_NOISE = (b"WARNING: Using incubator modules",)
 """Lines the JVM prints at start whatever log4j says; dropped from a quiet driver's stderr."""
 
-DRIVER_JAVA_OPTIONS = "spark.driver.extraJavaOptions"
+LOG4J_ENV = "LOG4J_CONFIGURATION_FILE"
 
 
 def _is_local(master: str) -> bool:
@@ -155,14 +155,7 @@ def build_session(
 
     if quiet is None:
         quiet = not logging.getLogger("replicator").isEnabledFor(logging.DEBUG)
-    launching = "PYSPARK_GATEWAY_PORT" not in os.environ
-    quiet = quiet and launching
-    if quiet:
-        java_options = settings.get(DRIVER_JAVA_OPTIONS, "")
-        if "log4j2.configurationFile" not in java_options:
-            settings[DRIVER_JAVA_OPTIONS] = (
-                f"{java_options} -Dlog4j2.configurationFile={QUIET_LOG4J.as_uri()}".strip()
-            )
+    quiet = quiet and "PYSPARK_GATEWAY_PORT" not in os.environ
 
     builder = SparkSession.builder.appName(app_name)
     for key, value in settings.items():
@@ -195,13 +188,32 @@ def _launch_jvm_in_its_own_session(settings: Mapping[str, str], *, quiet: bool) 
     popen_kwargs: dict[str, object] = {"start_new_session": True}
     if quiet:
         popen_kwargs["stderr"] = subprocess.PIPE
-    gateway = launch_gateway(conf, popen_kwargs=popen_kwargs)  # type: ignore[no-untyped-call]
+    with _quiet_log4j_environment(quiet):
+        gateway = launch_gateway(conf, popen_kwargs=popen_kwargs)  # type: ignore[no-untyped-call]
     if quiet:
         process = gateway.proc
         threading.Thread(
             target=_forward_stderr, args=(process.stderr,), name="jvm-stderr", daemon=True
         ).start()
     SparkContext._ensure_initialized(gateway=gateway)
+
+
+@contextlib.contextmanager
+def _quiet_log4j_environment(quiet: bool) -> Iterator[None]:
+    """While the JVM is launched, point log4j at QUIET_LOG4J through its environment variable.
+
+    Not a -D option: `--driver-java-options` in PYSPARK_SUBMIT_ARGS would replace it. A
+    `-Dlog4j2.configurationFile` the operator passes there still wins (system properties come
+    before the environment in log4j's lookup), and so does a LOG4J_CONFIGURATION_FILE already set.
+    """
+    if not quiet or LOG4J_ENV in os.environ:
+        yield
+        return
+    os.environ[LOG4J_ENV] = QUIET_LOG4J.as_uri()
+    try:
+        yield
+    finally:
+        os.environ.pop(LOG4J_ENV, None)
 
 
 def _forward_stderr(stream: object) -> None:
