@@ -851,18 +851,3 @@ def test_status_and_audit_rollbacks_answer_without_a_jvm_and_print_only_the_answ
     # A question only Spark answers says so, instead of trying delta-rs.
     assert spark_needed.returncode == 2 and spark_needed.stdout == ""
     assert spark_needed.stderr.startswith("replicator: audit history reads the mirror with Spark")
-
-
-@pytest.mark.spark
-def test_status_through_spark_gives_the_same_answer_and_prints_nothing_else(
-    scenario: AuditScenario,
-) -> None:
-    import os
-
-    through_delta_rs = run_replicator(dict(os.environ), "status", "--target", scenario.target)
-    through_spark = run_replicator(dict(os.environ), "status", "--target", scenario.target,
-                                   "--engine", "spark")
-
-    # No JVM start-up line, no log4j profile, no Spark warning: the answer only.
-    assert (through_spark.returncode, through_spark.stderr) == (0, "")
-    assert through_spark.stdout == through_delta_rs.stdout
