@@ -18,7 +18,7 @@ class BenchPreset:
     until-caught-up run: a mirror of that many documents, that many changes pending. The
     drain alternates with the Java DCP client's `drain_rounds` times each. The read-side
     commands are timed on the initial load's mirror grown to `read_side_versions` versions
-    (with Spark too, `read_side_spark_runs` times, for comparison). The
+    (`read_side_runs` times each, and with Spark `read_side_spark_runs` times, for comparison). The
     memory run mirrors one vbucket whose first snapshot is `memory_snapshot_factor` times
     `memory_budget_mb`; with `memory_alongside` it runs while
     the other measurements do, and `probe_jvm_options` go to the memory probe's JVM. Both are
@@ -45,6 +45,7 @@ class BenchPreset:
     catch_up_changes: int = 1_000
     drain_rounds: int = 2
     read_side_versions: int = 500
+    read_side_runs: int = 3
     read_side_spark_runs: int = 1
 
     def __post_init__(self) -> None:
@@ -56,8 +57,10 @@ class BenchPreset:
             raise ConfigError(f"preset {self.name}: steady_runs need positive rates and sizes")
         if self.steady_warmup_catch_ups < 1:
             raise ConfigError(f"preset {self.name}: steady_warmup_catch_ups must be >= 1")
-        if self.read_side_versions < 2:
-            raise ConfigError(f"preset {self.name}: read_side_versions must be >= 2")
+        if self.read_side_versions < 2 or self.read_side_runs < 1:
+            raise ConfigError(
+                f"preset {self.name}: read_side_versions must be >= 2, read_side_runs >= 1"
+            )
         if self.drain_rounds < 1:
             raise ConfigError(f"preset {self.name}: drain_rounds must be >= 1")
         if self.memory_budget_mb < 8:
@@ -112,7 +115,8 @@ PRESETS: dict[str, BenchPreset] = {
         catch_up_docs=200,
         catch_up_changes=50,
         drain_rounds=1,
-        read_side_versions=12,
+        read_side_versions=6,
+        read_side_runs=1,
         read_side_spark_runs=0,
     ),
 }

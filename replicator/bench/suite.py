@@ -130,7 +130,7 @@ def run_suite(
             f"{preset.read_side_versions} versions",
             lambda: measure_read_side(
                 spark, mirror_path, versions=preset.read_side_versions,
-                spark_runs=preset.read_side_spark_runs,
+                runs=preset.read_side_runs, spark_runs=preset.read_side_spark_runs,
             ),
         )  # fmt: skip
     else:
