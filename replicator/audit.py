@@ -479,7 +479,7 @@ def rollback_record(entry: HistoryEntry) -> RollbackRecord | None:
     if header is None or header.kind not in (ROLLBACK, RESYNC):
         return None
     metadata = entry.commit_metadata
-    if metadata is None or metadata.kind not in (ROLLBACK, RESYNC):
+    if metadata is None:
         return None
     details = metadata.details
     vbucket = details.get("vbucket")
@@ -955,10 +955,9 @@ def commit_activity(
 
 
 def _history_of(spark: SparkSession | None, target: str, engine: str | None) -> list[HistoryEntry]:
-    from replicator.delta.reader import DELTA_RS, SPARK, table_reader
+    from replicator.delta.reader import table_reader
 
-    reader = table_reader(engine or (SPARK if spark is not None else DELTA_RS), spark)
-    return read_history(reader, target)
+    return read_history(table_reader(engine, spark), target)
 
 
 def _vbucket_checkpoints(mirror: MirrorTable, vbucket: int) -> list[Checkpoint]:

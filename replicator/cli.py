@@ -134,10 +134,10 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
 def _plot(status: MirrorStatus, target: str, engine: str | None, path: str) -> None:
     from replicator.audit import commit_activities, read_history
-    from replicator.delta.reader import DELTA_RS, table_reader
+    from replicator.delta.reader import table_reader
     from replicator.lag_plot import plot_status
 
-    entries = read_history(table_reader(engine or DELTA_RS), target, checked=True)
+    entries = read_history(table_reader(engine), target, checked=True)
     written = plot_status(status, commit_activities(entries), path)
     print(f"plotted lag and commit rate to {written}", file=sys.stderr)
 

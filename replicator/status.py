@@ -743,13 +743,13 @@ def read_status(
 
     `engine` is delta-rs (the default: no JVM) or spark (the default when `spark` is given).
     """
-    from replicator.delta.reader import DELTA_RS, SPARK, table_reader
+    from replicator.delta.reader import table_reader
     from replicator.delta.table import now_utc
 
     if not config.target:
         raise ConfigError("status needs a target: pass --target PATH")
     source = read_source_seqnos(config) if config.source else None
-    reader = table_reader(engine or (SPARK if spark is not None else DELTA_RS), spark)
+    reader = table_reader(engine, spark)
     try:
         readout = read_mirror(reader, config.target, bucket=source.bucket if source else None)
     except ReplicatorError:

@@ -825,10 +825,10 @@ def no_java_environment(tmp_path: Path) -> dict[str, str]:
 
 
 def run_replicator(env: dict[str, str], *argv: str) -> subprocess.CompletedProcess[str]:
-    code = "import sys; from replicator.cli import main; sys.exit(main())"
-    # Generous: with --engine spark a JVM starts, minutes on a busy two-core machine.
-    return subprocess.run([sys.executable, "-c", code, *argv], env=env, capture_output=True,
-                          text=True, timeout=600, check=False)
+    from replicator.soak.process import replicator_command
+
+    return subprocess.run([*replicator_command(), *argv], env=env, capture_output=True,
+                          text=True, timeout=120, check=False)
 
 
 @pytest.mark.spark

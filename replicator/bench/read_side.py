@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import statistics
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -109,9 +108,10 @@ def measure_read_side(
 
 def time_command(target: str, command: tuple[str, ...], *, engine: str, runs: int) -> CommandTiming:
     """Run `replicator COMMAND --target TARGET --engine ENGINE` `runs` times, in new processes."""
+    from replicator.soak.process import replicator_command
+
     argv = [
-        sys.executable, "-c", "import sys; from replicator.cli import main; sys.exit(main())",
-        command[0], "--target", target, "--engine", engine, *command[1:],
+        *replicator_command(), command[0], "--target", target, "--engine", engine, *command[1:],
     ]
     seconds = []
     exit_code, stderr = 0, ""

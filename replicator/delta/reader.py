@@ -230,8 +230,11 @@ class SparkReader:
         return self.spark.read.format("delta").load(path).select(*columns).toArrow()
 
 
-def table_reader(engine: str, spark: SparkSession | None = None) -> TableReader:
-    """A reader on `engine` (one of ENGINES); Spark's uses `spark`, or builds the session."""
+def table_reader(engine: str | None, spark: SparkSession | None = None) -> TableReader:
+    """A reader on `engine` (one of ENGINES). None: Spark when a session is given (the caller
+    already pays for its JVM), delta-rs otherwise. Spark's reader builds a session if needed."""
+    if engine is None:
+        engine = SPARK if spark is not None else DELTA_RS
     if engine == DELTA_RS:
         return DeltaRsReader()
     if engine == SPARK:
