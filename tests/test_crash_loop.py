@@ -62,28 +62,29 @@ def test_a_run_starts_with_the_fast_flags_its_class_archive_and_small_data_plann
     assert JvmTuning(None).java_options().split() == list(FAST_START_FLAGS)
 
 
-# `make test` runs 8 kills; `make soak` runs 20 (and jobs/soak.py 200). Inside `make test` the 20
-# kills passed on a fresh clone but took 10 minutes of one worker under the suite's load, and the
-# run 19 min 44 s in all: too close to CI's 20. Half the kills land during start-up, which cost
-# half a run each; every phase is still hit (asserted below). The 8 kills start without a class
+# `make test` runs 5 kills; `make soak` runs 20 (and jobs/soak.py 200). Inside `make test` the 20
+# kills took 10 minutes of one worker and 8 kills 400 s, which put the suite at CI's 30-minute
+# edge. Seed 0 places the 5 kills in every phase: the initial load, a steady commit, the rollback
+# after the failover, the resync after the purge, and a start-up (phases follow from the seed
+# alone: kill moments draw from their own random stream). The kills start without a class
 # archive: on a fresh clone (CI's case) writing one costs a whole extra run, about 2 CPU s saved
 # per later run, so it pays only over more kills.
 @pytest.mark.spark
 @pytest.mark.timeout(1800)
 @pytest.mark.parametrize(
-    ("kills", "class_archive"),
+    ("kills", "seed", "class_archive"),
     [
-        pytest.param(8, False, id="8-kills"),
-        pytest.param(20, True, marks=pytest.mark.soak, id="20-kills"),
+        pytest.param(5, 0, False, id="5-kills"),
+        pytest.param(20, 9, True, marks=pytest.mark.soak, id="20-kills"),
     ],
 )
 def test_sigkills_lose_nothing_and_apply_nothing_twice(
-    spark: Any, tmp_path: Path, kills: int, class_archive: bool
+    spark: Any, tmp_path: Path, kills: int, seed: int, class_archive: bool
 ) -> None:
     jvm = JvmTuning(default_class_archive() if class_archive else None)
     report = run_crash_loop(
         CrashLoopSettings(
-            work_dir=tmp_path, kills=kills, seed=9, startup_kill_share=0.5, jvm=jvm
+            work_dir=tmp_path, kills=kills, seed=seed, startup_kill_share=0.5, jvm=jvm
         ),
         spark,
     )

@@ -163,6 +163,9 @@ class CrashLoop:
         self.settings = settings
         self._spark = spark
         self._rng = random.Random(settings.seed)
+        # Kill moments draw from their own stream: which phase each kill lands in then follows
+        # from the seed alone, not from how many draws the faults' victims took.
+        self._moments = random.Random(f"{settings.seed}-moments")
         self._on_cycle = on_cycle
         self._target = settings.work_dir / "mirror"
         self._logs = settings.work_dir / "runs"
@@ -297,7 +300,7 @@ class CrashLoop:
         after_fault: bool,
     ) -> str:
         """Let the run go on until the moment drawn for its kill; returns the phase."""
-        rng = self._rng
+        rng = self._moments
         if after_fault:
             phase = ROLLBACK
             self._wait_for(
