@@ -24,21 +24,16 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from replicator.dcp.positions import FailoverLog
 from replicator.delta.reader import HistoryEntry
 from replicator.delta.schema import DATA_COLUMNS, RESYNC, ROLLBACK, MirrorLayout
-from replicator.delta.table import as_utc, engine_error_summary, is_delta_table_at, path_exists
+from replicator.delta.table import as_utc, engine_error_summary
 from replicator.errors import ConfigError, ReplicatorError
-from replicator.status import (
-    check_mirror,
-    format_time,
-    open_mirror,
-    pending_checkpoints,
-)
+from replicator.status import check_mirror, format_time, pending_checkpoints
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
 
     from replicator.delta.checkpoints import Checkpoint
     from replicator.delta.reader import TableReader
-    from replicator.delta.table import MirrorTable
 
 T = TypeVar("T")
 
@@ -564,25 +559,42 @@ def _optional_int(value: Any) -> int | None:
 class MirrorHistory:
     """The data table's history, read once: versions, vacuum horizons, replicator commits.
 
-    Built by `MirrorHistory.read`; every public function of this module starts from one.
+    Built by `MirrorHistory.open` (any engine's reader) or `MirrorHistory.read` (Spark); every
+    public function of this module starts from one. Rows come back as Arrow tables through
+    the reader (`rows`), or as Spark DataFrames (`snapshot`, `changes`) on a Spark reader.
     """
 
-    def __init__(self, mirror: MirrorTable, entries: Sequence[HistoryEntry]) -> None:
-        self.mirror = mirror
+    def __init__(self, reader: TableReader, target: str, entries: Sequence[HistoryEntry]) -> None:
+        self.reader = reader
+        self.layout = MirrorLayout(target)
         self.entries = tuple(sorted(entries, key=lambda e: e.version))
         self.snapshot_horizon, self.change_horizon = readable_versions(self.entries)
 
     @classmethod
+    def open(cls, reader: TableReader, target: str) -> MirrorHistory:
+        """Check the mirror at `target` (NotAMirrorError otherwise) and read its history."""
+        check_mirror(reader, target)
+        return cls(reader, target, read_history(reader, target, checked=True))
+
+    @classmethod
     def read(cls, spark: SparkSession, target: str) -> MirrorHistory:
-        """Open the mirror at `target` (NotAMirrorError otherwise) and read its history."""
+        """`open` with Spark's reader."""
         from replicator.delta.reader import SparkReader
 
-        mirror = open_mirror(spark, target)
-        return cls(mirror, read_history(SparkReader(spark), target, checked=True))
+        return cls.open(SparkReader(spark), target)
 
     @property
     def target(self) -> str:
-        return self.mirror.layout.data
+        return self.layout.data
+
+    @property
+    def spark(self) -> SparkSession:
+        """The Spark session of a Spark reader (DataFrames need one)."""
+        from replicator.delta.reader import SparkReader
+
+        if not isinstance(self.reader, SparkReader):
+            raise ConfigError(f"reading {self.target} as a DataFrame needs Spark's reader")
+        return self.reader.spark
 
     @property
     def versions(self) -> list[TableVersion]:
@@ -640,23 +652,46 @@ class MirrorHistory:
             )
         return TableVersion(found, self.commit_time(found))
 
-    def snapshot(self, version: int) -> DataFrame:
-        """The data rows at `version`, after checking its files are all still there."""
+    def check_readable(self, version: int) -> int:
+        """`version` when it is in the log and its data files are all still there."""
         self.check_version(version)
         if version < self.snapshot_horizon:
             raise VersionVacuumedError(self._vacuumed_text(version, self.snapshot_horizon))
-
-        def files() -> tuple[DataFrame, list[str]]:
-            frame = self.mirror.read(version).select(*DATA_COLUMNS)
-            return frame, [f for f in frame.inputFiles() if not path_exists(self.mirror.spark, f)]
-
-        frame, missing = _guarded(files, f"version {version} of {self.target}")
+        missing = _guarded(lambda: self.reader.missing_files(self.target, version),
+                           f"version {version} of {self.target}")
         if missing:
             raise VersionVacuumedError(
                 f"{len(missing)} data files of version {version} of {self.target} were removed "
                 "(VACUUM); only newer versions can be read"
             )
-        return frame
+        return version
+
+    def snapshot(self, version: int) -> DataFrame:
+        """The data rows at `version` as a Spark DataFrame, its files checked to be there."""
+        self.check_readable(version)
+        spark = self.spark
+        return _guarded(
+            lambda: spark.read.format("delta").option("versionAsOf", version)
+            .load(self.target).select(*DATA_COLUMNS),
+            f"version {version} of {self.target}",
+        )
+
+    def rows(
+        self, version: int, columns: Sequence[str], *, order_by: Sequence[str], limit: int,
+        where: str | None = None,
+    ) -> tuple[int, pa.Table]:
+        """How many data rows `version` holds (matching `where`), and the first `limit` of them
+        in `order_by` order (all for 0), read through this history's reader."""
+        self.check_readable(version)
+
+        def read() -> tuple[int, pa.Table]:
+            total = self.reader.count(self.target, version=version, where=where)
+            first = self.reader.first_rows(
+                self.target, columns, order_by, limit, version=version, where=where
+            )
+            return total, first
+
+        return _guarded(read, f"version {version} of {self.target}")
 
     def changes(self, start: int, end: int) -> DataFrame:
         """The change data feed of versions `start`..`end` (both in the log)."""
@@ -669,7 +704,7 @@ class MirrorHistory:
 
         def feed() -> DataFrame:
             return (
-                self.mirror.spark.read.format("delta")
+                self.spark.read.format("delta")
                 .option("readChangeFeed", "true")
                 .option("startingVersion", start)
                 .option("endingVersion", end)
@@ -686,8 +721,10 @@ class MirrorHistory:
         for name, number in (("vbucket", vbucket), ("seqno", seqno)):
             if isinstance(number, bool) or not isinstance(number, int) or number < 0:
                 raise ConfigError(f"{name} must be a whole number >= 0, got {number!r}")
-        checkpoints = _guarded(lambda: _vbucket_checkpoints(self.mirror, vbucket),
-                               f"the checkpoints of {self.target}")
+        checkpoints = _guarded(
+            lambda: vbucket_checkpoints(self.reader, self.layout, self.entries, vbucket),
+            f"the checkpoints of {self.target}",
+        )
         chain = live_boundaries(checkpoints, vbucket)
         if not chain:
             raise VersionOutOfRangeError(
@@ -960,17 +997,27 @@ def _history_of(spark: SparkSession | None, target: str, engine: str | None) -> 
     return read_history(table_reader(engine, spark), target)
 
 
-def _vbucket_checkpoints(mirror: MirrorTable, vbucket: int) -> list[Checkpoint]:
+def vbucket_checkpoints(
+    reader: TableReader, layout: MirrorLayout, entries: Sequence[HistoryEntry], vbucket: int
+) -> list[Checkpoint]:
     """The vbucket's checkpoints, plus data commits whose checkpoint rows were never written."""
-    from replicator.delta.checkpoints import CheckpointsTable
+    import pyarrow.compute as pc
 
-    table = CheckpointsTable.of(mirror)
+    from replicator.delta.checkpoints import (
+        CHECKPOINT_COLUMNS,
+        checkpoint_of_row,
+        newest_versions_per_owner,
+    )
+    from replicator.status import commits_above_floors
+
     found: dict[int, Checkpoint] = {}
     floors: dict[str, int] = {}
-    if is_delta_table_at(mirror.spark, table.path):
-        found = {c.table_version: c for c in table.for_vbucket(vbucket)}
-        floors = table.newest_versions_by_owner()
-    for checkpoint in pending_checkpoints(mirror.commits_after(floors), floors):
+    if reader.is_table(layout.checkpoints):
+        rows = reader.read(layout.checkpoints, CHECKPOINT_COLUMNS)
+        floors = newest_versions_per_owner(rows)
+        own = rows.filter(pc.equal(rows.column("vbucket"), vbucket)).to_pylist()
+        found = {c.table_version: c for c in map(checkpoint_of_row, own)}
+    for checkpoint in pending_checkpoints(commits_above_floors(entries, floors), floors):
         if checkpoint.vbucket == vbucket:
             found.setdefault(checkpoint.table_version, checkpoint)
     return sorted(found.values(), key=lambda c: (c.table_version, c.batch_id))
@@ -1004,4 +1051,5 @@ __all__ = [
     "resolve_source_seqno",
     "resolve_version",
     "rollbacks",
+    "vbucket_checkpoints",
 ]

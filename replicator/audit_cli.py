@@ -24,11 +24,15 @@ from replicator.errors import ConfigError
 from replicator.status import align_columns, format_time
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    import pyarrow as pa
+    from pyspark.sql import SparkSession
+
+    from replicator.audit import MirrorHistory
 
 DEFAULT_LIMIT = 20
-_DELTA_RS_QUESTIONS = frozenset({"rollbacks"})
-"""Questions delta-rs answers (no JVM); the others need Spark's time travel and change feed."""
+_DELTA_RS_QUESTIONS = frozenset({"rollbacks", "as-of", "at-seqno"})
+"""Questions delta-rs answers (no JVM); the others need Spark's change data feed (delta-rs's is
+wrong on old rollback commits, see the README)."""
 VALUE_WIDTH = 60
 """Document text wider than this is cut in the readable tables (never in --json)."""
 
@@ -102,7 +106,7 @@ def _engine(question: str, asked: str | None, spark: SparkSession | None) -> str
     """The engine that answers `question`: delta-rs where it can, unless Spark is asked for."""
     if asked == DELTA_RS and question not in _DELTA_RS_QUESTIONS:
         raise ConfigError(
-            f"audit {question} reads the mirror with Spark (time travel and the change data feed "
+            f"audit {question} reads the mirror with Spark (delta-rs's change data feed is wrong "
             "across rollback commits); drop --engine delta-rs"
         )
     if asked is not None:
@@ -136,37 +140,40 @@ def _history(spark: SparkSession, args: argparse.Namespace) -> Answer:
     return Answer(_table(title, header, rows, numeric=(0, 5, 6)), document)
 
 
-def _as_of(spark: SparkSession, args: argparse.Namespace) -> Answer:
-    from replicator.audit import MirrorHistory
-
-    history = MirrorHistory.read(spark, args.target)
+def _as_of(spark: SparkSession | None, args: argparse.Namespace) -> Answer:
+    history = _mirror_history(spark, args)
     resolved = history.resolve(version=args.version, timestamp=args.timestamp)
-    frame = history.snapshot(resolved.version).orderBy(*_ROW_ORDER)
+    total, rows = history.rows(resolved.version, _ROW_COLUMNS, order_by=_ROW_ORDER,
+                               limit=args.limit)
     title = (f"the mirror at table version {resolved.version} "
              f"(committed {format_time(resolved.committed_at)})")
-    return _rows_answer(title, frame, args.limit, {
+    return _rows_answer(title, total, rows, {
         "version": resolved.version, "committed_at": resolved.committed_at.isoformat(),
     }, _ROW_COLUMNS)
 
 
-def _at_seqno(spark: SparkSession, args: argparse.Namespace) -> Answer:
-    from pyspark.sql import functions as F
-
-    from replicator.audit import MirrorHistory
-
-    history = MirrorHistory.read(spark, args.target)
+def _at_seqno(spark: SparkSession | None, args: argparse.Namespace) -> Answer:
+    history = _mirror_history(spark, args)
     boundary = history.source_boundary(args.vbucket, args.seqno)
-    frame = (history.snapshot(boundary.table_version).where(F.col("vbucket") == args.vbucket)
-             .orderBy(*_ROW_ORDER))
+    total, rows = history.rows(boundary.table_version, _ROW_COLUMNS, order_by=_ROW_ORDER,
+                               limit=args.limit, where=f"vbucket = {int(args.vbucket)}")
     title = (f"vbucket {boundary.vbucket} at seqno {boundary.requested_seqno}: its committed "
              f"boundary seqno {boundary.seqno} (vbucket uuid {boundary.vbucket_uuid}), table "
              f"version {boundary.table_version}, committed {format_time(boundary.committed_at)}")
-    return _rows_answer(title, frame, args.limit, {
+    return _rows_answer(title, total, rows, {
         "vbucket": boundary.vbucket, "requested_seqno": boundary.requested_seqno,
         "boundary_seqno": boundary.seqno, "vbucket_uuid": boundary.vbucket_uuid,
         "version": boundary.table_version, "committed_at": boundary.committed_at.isoformat(),
         "kind": boundary.kind,
     }, _ROW_COLUMNS)
+
+
+def _mirror_history(spark: SparkSession | None, args: argparse.Namespace) -> MirrorHistory:
+    from replicator.audit import MirrorHistory
+    from replicator.delta.reader import table_reader
+
+    engine = _engine(args.audit_command, args.engine, spark)
+    return MirrorHistory.open(table_reader(engine, spark), args.target)
 
 
 def _changes(spark: SparkSession, args: argparse.Namespace) -> Answer:
@@ -182,7 +189,9 @@ def _changes(spark: SparkSession, args: argparse.Namespace) -> Answer:
     )
     frame = frame.orderBy("_commit_version", *_ROW_ORDER, change_order)
     title = f"changes from {args.start} to {args.end}"
-    return _rows_answer(title, frame, args.limit, {"from": args.start, "to": args.end},
+    total = frame.count()
+    rows = (frame.limit(args.limit) if args.limit else frame).select(*_CHANGE_COLUMNS).toArrow()
+    return _rows_answer(title, total, rows, {"from": args.start, "to": args.end},
                         _CHANGE_COLUMNS)
 
 
@@ -216,20 +225,18 @@ _QUESTIONS: dict[str, Callable[[Any, argparse.Namespace], Answer]] = {
 
 
 def _rows_answer(
-    title: str, frame: DataFrame, limit: int, facts: dict[str, Any], columns: Sequence[str]
+    title: str, total: int, rows: pa.Table, facts: dict[str, Any], columns: Sequence[str]
 ) -> Answer:
-    """The first `limit` rows of an ordered frame (all for 0), as a table and as JSON."""
-    total = frame.count()
-    shown = frame.limit(limit) if limit else frame
-    rows = [row.asDict() for row in shown.select(*columns).collect()]
-    document = {**facts, "rows": total, "shown": len(rows),
-                "documents": [{k: _json_cell(v) for k, v in row.items()} for row in rows]}
-    title = f"{title}: {total} rows" + (f", first {len(rows)} shown" if len(rows) < total else "")
-    if not rows:
+    """`rows`, the first of `total` in order, as a table and as JSON."""
+    shown = rows.select(list(columns)).to_pylist()
+    document = {**facts, "rows": total, "shown": len(shown),
+                "documents": [{k: _json_cell(v) for k, v in row.items()} for row in shown]}
+    title = f"{title}: {total} rows" + (f", first {len(shown)} shown" if len(shown) < total else "")
+    if not shown:
         return Answer(title, document)
     header = tuple(_LABELS.get(c, c) for c in columns)
     cells = [tuple(_short(row[c]) if c == "doc" else _cell(row[c]) for c in columns)
-             for row in rows]
+             for row in shown]
     numeric = [i for i, c in enumerate(columns) if c in ("vbucket", "seqno", "cas",
                                                           "_commit_version")]
     return Answer(_table(title, header, cells, numeric=numeric), document)
@@ -256,7 +263,7 @@ def _json_cell(value: Any) -> Any:
     if isinstance(value, bytes):
         return value.hex()
     if isinstance(value, datetime):
-        # PySpark hands timestamps back as naive local time.
+        # Arrow from Spark can carry naive local times; from delta-rs, UTC ones.
         return value.astimezone(UTC).isoformat()
     return value
 

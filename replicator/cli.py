@@ -149,7 +149,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         raise ConfigError("--max-keys must not be negative")
     config = config_from_args(args)
     config.require_source_and_target()
-    report = run_verify(config)
+    report = run_verify(config, engine=args.engine)
     print(report.describe(max_keys=args.max_keys))
     return EXIT_OK if report.equal else EXIT_DIFFERENT
 
@@ -219,6 +219,7 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument(
         "--max-keys", type=int, default=10, help="differing keys shown per vbucket (default 10)"
     )
+    add_engine_flag(verify)
     verify.set_defaults(handler=_cmd_verify)
 
     sim = commands.add_parser("sim", help="serve a simulated bucket (the embedded producer)")

@@ -105,24 +105,6 @@ def open_mirror(spark: SparkSession, target: str, *, bucket: str | None = None) 
     return MirrorTable(spark, MirrorLayout(target), config)
 
 
-def committed_checkpoints(mirror: MirrorTable) -> dict[int, Checkpoint]:
-    """Each vbucket's committed boundary as recovery would see it, read-only, with Spark.
-
-    The newest checkpoint row per vbucket, replaced by any newer data commit that has no
-    checkpoint rows yet (the data table is the point of truth).
-    """
-    from replicator.delta.checkpoints import CheckpointsTable
-    from replicator.delta.table import is_delta_table_at
-
-    checkpoints = CheckpointsTable.of(mirror)
-    latest: dict[int, Checkpoint] = {}
-    floors: dict[str, int] = {}
-    if is_delta_table_at(mirror.spark, checkpoints.path):
-        latest = checkpoints.latest()
-        floors = checkpoints.newest_versions_by_owner()
-    return with_pending(latest, pending_checkpoints(mirror.commits_after(floors), floors))
-
-
 def pending_checkpoints(
     commits: Iterable[CommitRecord], floors: Mapping[str, int]
 ) -> list[Checkpoint]:

@@ -7,7 +7,8 @@
    snapshot assembly and row conversion as replication (deletions remove, expired mutations
    remove), and reduce it to one state per document.
 3. Compare per vbucket: document counts and a content digest over row fingerprints, computed
-   the same way on both sides (the mirror's in Spark). Only vbuckets whose digests differ have
+   the same way on both sides (the mirror's read with delta-rs and fingerprinted by the same
+   Python function, or in Spark with `--engine spark`). Only vbuckets whose digests differ have
    their mirror rows collected, to name the differing keys.
 
 A document whose expiry has passed, on either side, is left out and counted: whether it is
@@ -23,7 +24,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from replicator.config import ReplicatorConfig
 from replicator.dcp.events import (
@@ -47,6 +48,7 @@ if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
 
     from replicator.dcp.client import DcpClient
+    from replicator.delta.reader import TableReader
 
 log = logging.getLogger(__name__)
 
@@ -238,44 +240,79 @@ class SourceVbucketScan:
         self._absorb(rows)
 
     def _absorb(self, rows: pa.RecordBatch) -> None:
-        import pyarrow as pa
-
-        columns = rows.to_pydict()
-        expiry_us = rows.column(rows.schema.get_field_index("expiry")).cast(pa.int64())
-        expiries = expiry_us.to_pylist()
-        for index, key_text in enumerate(columns["key"]):
-            collection_id = int(columns["collection_id"][index])
+        columns = _RowColumns.of(rows)
+        for index, key_text in enumerate(columns.key):
+            collection_id = int(columns.collection_id[index])
             key = (collection_id, key_text)
-            seqno = int(columns["seqno"][index])
+            seqno = int(columns.seqno[index])
             known = self.documents.get(key)
             if known is not None and known.seqno >= seqno:
                 continue  # an older version (OSO backfills arrive in key order)
             self.names.setdefault(
-                collection_id, (columns["scope"][index], columns["collection"][index])
+                collection_id, (columns.scope[index], columns.collection[index])
             )
-            expiry = expiries[index]
-            if columns["op"][index] == DELETE:
+            if columns.op[index] == DELETE:
                 # A delete row with an expiry is a mutation already past it.
-                self.documents[key] = SourceDocument(seqno, None, expired=expiry is not None)
+                expired = columns.expiry_us[index] is not None
+                self.documents[key] = SourceDocument(seqno, None, expired=expired)
                 continue
-            is_json = bool(columns["is_json"][index])
-            doc = columns["doc"][index]
-            value = columns["value"][index]
-            body = doc.encode() if is_json and doc is not None else (value or b"")
-            self.documents[key] = SourceDocument(
-                seqno,
-                row_fingerprint(
-                    collection_id,
-                    key_text,
-                    seqno,
-                    int(columns["cas"][index]),
-                    body,
-                    int(columns["flags"][index] or 0),
-                    (expiry // 1_000_000) if expiry is not None else 0,
-                    is_json,
-                    columns["xattrs"][index],
-                ),
-            )
+            self.documents[key] = SourceDocument(seqno, columns.fingerprint(index))
+
+
+@dataclass(frozen=True, slots=True)
+class _RowColumns:
+    """A batch of change rows (a mirror's or the converter's) as Python lists, by column."""
+
+    collection_id: list[int]
+    key: list[str]
+    seqno: list[int]
+    cas: list[int]
+    flags: list[int | None]
+    expiry_us: list[int | None]
+    is_json: list[bool]
+    doc: list[str | None]
+    value: list[bytes | None]
+    xattrs: list[str | None]
+    scope: list[str]
+    collection: list[str]
+    op: list[str | None]
+
+    @classmethod
+    def of(cls, rows: pa.RecordBatch | pa.Table) -> _RowColumns:
+        import pyarrow as pa
+
+        def column(name: str) -> list[Any]:
+            index = rows.schema.get_field_index(name)
+            return rows.column(index).to_pylist() if index >= 0 else [None] * rows.num_rows
+
+        expiry = rows.column(rows.schema.get_field_index("expiry")).cast(pa.int64())
+        return cls(
+            collection_id=column("collection_id"), key=column("key"), seqno=column("seqno"),
+            cas=column("cas"), flags=column("flags"), expiry_us=expiry.to_pylist(),
+            is_json=column("is_json"), doc=column("doc"), value=column("value"),
+            xattrs=column("xattrs"), scope=column("scope"), collection=column("collection"),
+            op=column("op"),
+        )
+
+    def expiry_s(self, index: int) -> int | None:
+        expiry = self.expiry_us[index]
+        return None if expiry is None else expiry // 1_000_000
+
+    def fingerprint(self, index: int) -> int:
+        """`row_fingerprint` of row `index`, its body taken as `fingerprint_column` takes it."""
+        doc = self.doc[index]
+        body = doc.encode() if doc is not None else (self.value[index] or b"")
+        return row_fingerprint(
+            int(self.collection_id[index]),
+            self.key[index],
+            int(self.seqno[index]),
+            int(self.cas[index]),
+            body,
+            int(self.flags[index] or 0),
+            self.expiry_s(index) or 0,
+            bool(self.is_json[index]),
+            self.xattrs[index],
+        )
 
 
 # --- the mirror side ----------------------------------------------------------------------
@@ -354,6 +391,63 @@ def mirror_documents(
         )
         for row in rows
     }
+
+
+_MIRROR_COLUMNS = (
+    "vbucket", "collection_id", "key", "seqno", "cas", "flags", "expiry", "is_json", "doc",
+    "value", "xattrs", "scope", "collection",
+)
+"""What the mirror side reads of each row: `row_fingerprint`'s inputs, and names."""
+
+
+@dataclass
+class MirrorScan:
+    """The mirror side read through a TableReader (delta-rs or Spark): the same digests and
+    documents as `mirror_digests` and friends, fingerprinted in Python by `row_fingerprint`
+    itself, a batch at a time."""
+
+    reader: TableReader
+    path: str
+    now_s: int
+    digests: dict[int, ContentDigest] = field(default_factory=dict)
+    expired: dict[int, set[DocumentKey]] = field(default_factory=dict)
+
+    def scan(self) -> MirrorScan:
+        """Digest every vbucket's unexpired rows and collect its expired keys."""
+        counts: dict[int, list[int]] = {}
+        for batch in self.reader.batches(self.path, _MIRROR_COLUMNS):
+            columns = _RowColumns.of(batch)
+            vbuckets = batch.column(batch.schema.get_field_index("vbucket")).to_pylist()
+            for index, vb in enumerate(vbuckets):
+                expiry = columns.expiry_s(index)
+                if expiry is not None and expiry <= self.now_s:
+                    self.expired.setdefault(vb, set()).add(
+                        (int(columns.collection_id[index]), columns.key[index])
+                    )
+                    continue
+                fingerprint = columns.fingerprint(index)
+                sums = counts.setdefault(vb, [0, 0, 0])
+                sums[0] += 1
+                sums[1] ^= fingerprint
+                sums[2] += fingerprint >> _SUM_SHIFT
+        self.digests = {vb: ContentDigest(*sums) for vb, sums in counts.items()}
+        return self
+
+    def documents(self, vbucket: int) -> dict[DocumentKey, MirrorDocument]:
+        """The unexpired rows of one vbucket."""
+        rows = _RowColumns.of(
+            self.reader.read(self.path, _MIRROR_COLUMNS, where=f"vbucket = {int(vbucket)}")
+        )
+        found = {}
+        for index, key in enumerate(rows.key):
+            expiry = rows.expiry_s(index)
+            if expiry is not None and expiry <= self.now_s:
+                continue
+            found[(int(rows.collection_id[index]), key)] = MirrorDocument(
+                int(rows.seqno[index]), rows.fingerprint(index), rows.scope[index],
+                rows.collection[index],
+            )
+        return found
 
 
 # --- verdicts -----------------------------------------------------------------------------
@@ -569,6 +663,7 @@ def run_verify(
     config: ReplicatorConfig,
     *,
     spark: SparkSession | None = None,
+    engine: str | None = None,
     now: Callable[[], float] = time.time,
     parallel_streams: int = 8,
     idle_timeout_s: float = 120.0,
@@ -576,11 +671,15 @@ def run_verify(
 ) -> VerifyReport:
     """Compare the mirror at `config.target` with the source `config.source`.
 
-    `now` gives the unix time at which expiries are judged (read once, at the start).
+    The mirror is read with delta-rs (no JVM) unless a SparkSession is given or `engine` is
+    "spark" (Spark digests the rows where they are, for mirrors too big for one process to
+    read). `now` gives the unix time at which expiries are judged (read once, at the start).
     """
+    from replicator.delta.reader import SparkReader, table_reader
+    from replicator.delta.schema import MirrorLayout
     from replicator.runner import connect_source
     from replicator.snapshots.rows import CollectionRegistry
-    from replicator.status import committed_checkpoints, open_mirror
+    from replicator.status import read_mirror
 
     config.require_source_and_target()
     if parallel_streams < 1:
@@ -595,12 +694,9 @@ def run_verify(
         highs = client.high_seqnos()
         vbuckets = config.vbuckets.resolve(client.cluster_map.num_vbuckets)
         registry = CollectionRegistry.from_manifest(client.collections_manifest())
-        if spark is None:
-            from replicator.spark import build_session
-
-            spark = build_session("replicator-verify")
-        mirror = open_mirror(spark, config.target, bucket=client.bucket)
-        committed = committed_checkpoints(mirror)
+        reader = table_reader(engine, spark)
+        readout = read_mirror(reader, config.target, bucket=client.bucket)
+        committed = readout.checkpoints
         verdicts: dict[int, VbucketVerdict] = {}
         to_scan: list[int] = []
         for vb in vbuckets:
@@ -610,9 +706,13 @@ def run_verify(
                 verdicts[vb] = mismatch
             else:
                 to_scan.append(vb)
-        frame = mirror.read()
-        digests = mirror_digests(frame, now_s)
-        expired = mirror_expired_keys(frame, now_s)
+        data = MirrorLayout(config.target).data
+        mirror_side: _MirrorSide
+        if isinstance(reader, SparkReader):
+            mirror_side = _SparkMirror(reader.spark.read.format("delta").load(data), now_s)
+        else:
+            mirror_side = MirrorScan(reader, data, now_s).scan()
+        digests, expired = mirror_side.digests, mirror_side.expired
         converter = ChangeRowConverter(registry, now=lambda: now_s)
 
         def judge(scan: SourceVbucketScan) -> None:
@@ -630,7 +730,7 @@ def run_verify(
                 )
                 return
             verdicts[vb] = compare_documents(
-                vb, highs.get(vb, 0), scan, mirror_documents(frame, vb, now_s), mirror_expired,
+                vb, highs.get(vb, 0), scan, mirror_side.documents(vb), mirror_expired,
                 max_examples=max_examples,
             )
 
@@ -645,10 +745,30 @@ def run_verify(
     finally:
         client.close()
     return VerifyReport(
-        bucket=mirror.config.bucket,
+        bucket=readout.bucket,
         target=config.target,
         vbuckets=tuple(verdicts[vb] for vb in sorted(verdicts)),
     )
+
+
+class _MirrorSide(Protocol):
+    digests: dict[int, ContentDigest]
+    expired: dict[int, set[DocumentKey]]
+
+    def documents(self, vbucket: int) -> dict[DocumentKey, MirrorDocument]: ...
+
+
+class _SparkMirror:
+    """The mirror side computed by Spark, where the rows are."""
+
+    def __init__(self, frame: DataFrame, now_s: int) -> None:
+        self._frame = frame
+        self._now_s = now_s
+        self.digests = mirror_digests(frame, now_s)
+        self.expired = mirror_expired_keys(frame, now_s)
+
+    def documents(self, vbucket: int) -> dict[DocumentKey, MirrorDocument]:
+        return mirror_documents(self._frame, vbucket, self._now_s)
 
 
 def _with_moved(verdict: VbucketVerdict, high: int) -> VbucketVerdict:
@@ -703,6 +823,7 @@ def _scan_source(
 __all__ = [
     "ContentDigest",
     "KeyDifference",
+    "MirrorScan",
     "SourceVbucketScan",
     "VbucketVerdict",
     "Verdict",

@@ -811,6 +811,72 @@ def test_rollbacks_and_activity_are_the_same_with_either_engine(
     assert commit_activity(None, scenario.target) == commit_activity(spark, scenario.target)
 
 
+@pytest.mark.spark
+def test_as_of_and_at_seqno_answer_the_same_with_either_engine(
+    spark: Any, scenario: AuditScenario, capsys: pytest.CaptureFixture[str]
+) -> None:
+    version_b = checkpoint_version(spark, scenario.target, ROLLED, scenario.boundary_b)
+    committed = resolve_version(spark, scenario.target, version=version_b).committed_at
+    questions = [  # (question, rows shown at most: 0 for all)
+        (("as-of", "--version", str(version_b), "--limit", "0"), 0),
+        (("as-of", "--timestamp", committed.isoformat(), "--limit", "3"), 3),
+        (("as-of", "--version", str(version_b - 1)), 20),
+        (("at-seqno", str(ROLLED), str(scenario.boundary_b), "--limit", "0"), 0),
+        (("at-seqno", str(ROLLED), str(scenario.boundary_d), "--limit", "2"), 2),
+    ]
+    for question, limit in questions:
+        answers = {}
+        for engine in ("spark", "delta-rs"):
+            for form in ((), ("--json",)):
+                code = run_audit(audit_args("--target", scenario.target, "--engine", engine,
+                                            *question, *form), spark=spark)
+                assert code == 0
+                answers[engine, form] = capsys.readouterr().out
+        assert answers["delta-rs", ()] == answers["spark", ()], question
+        assert answers["delta-rs", ("--json",)] == answers["spark", ("--json",)], question
+        shown = json.loads(answers["delta-rs", ("--json",)])
+        assert shown["rows"] > 0, question
+        assert shown["shown"] == (min(shown["rows"], limit) if limit else shown["rows"])
+    # At boundary B the rolled vbucket holds what the producer held then, row for row.
+    run_audit(audit_args("--json", "--target", scenario.target, "at-seqno", str(ROLLED),
+                         str(scenario.boundary_b), "--limit", "0"))
+    at_b = json.loads(capsys.readouterr().out)
+    expected = scenario.bucket.state_at(ROLLED, scenario.boundary_b)
+    assert sorted(printed_cells(d) for d in at_b["documents"]) == sorted(
+        document_cells(record) for record in expected
+    )
+
+
+@pytest.mark.spark
+def test_delta_rs_names_a_vacuumed_version_as_spark_does(
+    spark: Any, scenario: AuditScenario, tmp_path: Path
+) -> None:
+    from replicator.audit import MirrorHistory
+    from replicator.delta.reader import DeltaRsReader
+
+    copy = str(tmp_path / "vacuumed")
+    shutil.copytree(scenario.target, copy)
+    spark.conf.set("spark.databricks.delta.retentionDurationCheck.enabled", "false")
+    try:
+        spark.sql(f"VACUUM delta.`{copy}` LITE RETAIN 0 HOURS")
+    finally:
+        spark.conf.unset("spark.databricks.delta.retentionDurationCheck.enabled")
+    version_b = checkpoint_version(spark, copy, ROLLED, scenario.boundary_b)
+    history = MirrorHistory.open(DeltaRsReader(), copy)
+
+    with pytest.raises(VersionVacuumedError, match=r"removed by VACUUM; versions from \d+ on"):
+        history.rows(version_b, DATA_COLUMNS, order_by=("key",), limit=1)
+    total, rows = history.rows(history.latest, ["key"], order_by=("key",), limit=0)
+    assert total == rows.num_rows == len(scenario.bucket.documents())
+
+    # A data file gone without a VACUUM in the log is found by listing the version's files.
+    Path(DeltaTable(copy).file_uris()[0].removeprefix("file://")).unlink()
+    with pytest.raises(VersionVacuumedError, match="1 data files of version"):
+        MirrorHistory.open(DeltaRsReader(), copy).rows(
+            history.latest, ["key"], order_by=("key",), limit=0
+        )
+
+
 def no_java_environment(tmp_path: Path) -> dict[str, str]:
     """The environment with no way to start a JVM: no java on PATH, JAVA_HOME pointing nowhere."""
     import os
@@ -839,6 +905,8 @@ def test_status_and_audit_rollbacks_answer_without_a_jvm_and_print_only_the_answ
 
     status = run_replicator(env, "status", "--target", scenario.target)
     audit = run_replicator(env, "audit", "--target", scenario.target, "rollbacks", "--json")
+    as_of = run_replicator(env, "audit", "--target", scenario.target, "as-of", "--version", "1",
+                           "--json")
     spark_needed = run_replicator(env, "audit", "--target", scenario.target, "--engine",
                                   "delta-rs", "history", scenario.order_key)
 
@@ -848,6 +916,8 @@ def test_status_and_audit_rollbacks_answer_without_a_jvm_and_print_only_the_answ
     assert (audit.returncode, audit.stderr) == (0, "")
     (record,) = json.loads(audit.stdout)["rollbacks"]
     assert (record["kind"], record["vbucket"]) == ("rollback", ROLLED)
+    assert (as_of.returncode, as_of.stderr) == (0, "")
+    assert json.loads(as_of.stdout)["version"] == 1
     # A question only Spark answers says so, instead of trying delta-rs.
     assert spark_needed.returncode == 2 and spark_needed.stdout == ""
     assert spark_needed.stderr.startswith("replicator: audit history reads the mirror with Spark")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -323,3 +324,39 @@ def test_spark_fingerprints_and_digests_match_python(spark: Any) -> None:
     digests = mirror_digests(frame, NOW)
     assert digests == {1: ContentDigest.of([expected["plain"], expected["clé ü"], expected["bin"]])}
     assert mirror_expired_keys(frame, NOW) == {2: {(0, "old")}}
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("engine", ["delta-rs", "spark"])
+def test_the_mirror_scan_digests_a_delta_table_as_spark_does(
+    spark: Any, tmp_path: Path, engine: str
+) -> None:
+    # verify's default mirror side: rows read through a TableReader, fingerprinted in Python.
+    from datetime import UTC, datetime
+
+    from replicator.delta.reader import table_reader
+    from replicator.delta.schema import DATA_SCHEMA
+    from replicator.verify import MirrorScan, mirror_digests, mirror_documents, mirror_expired_keys
+
+    later = datetime.fromtimestamp(NOW + 60, UTC)
+    past = datetime.fromtimestamp(NOW - 60, UTC)
+    rows = [
+        (1, "_default", "_default", 0, "plain", 3, 1, 99, 0, None, True, '{"a":1}', None, None),
+        (1, "inventory", "hotels", 9, "clé ü", 4, 1, 2**62, 7, later, True, '{"é":"ü"}', None,
+         '{"_sync":{"rev":1}}'),
+        (1, "_default", "_default", 0, "bin", 5, 2, 5, 1, None, False, None, b"\x00\xff", None),
+        (2, "_default", "_default", 0, "old", 2, 1, 5, 0, past, True, "{}", None, None),
+        (3, "_default", "_default", 0, "it's", 8, 1, 6, 0, None, True, "[]", None, None),
+    ]
+    path = str(tmp_path / "table")
+    spark.createDataFrame(rows, DATA_SCHEMA).write.format("delta").save(path)
+    frame = spark.read.format("delta").load(path)
+
+    scan = MirrorScan(table_reader(engine, spark), path, NOW).scan()
+
+    assert scan.digests == mirror_digests(frame, NOW)
+    assert set(scan.digests) == {1, 3}
+    assert scan.expired == mirror_expired_keys(frame, NOW) == {2: {(0, "old")}}
+    for vbucket in (1, 2, 3, 4):
+        assert scan.documents(vbucket) == mirror_documents(frame, vbucket, NOW)
+    assert set(scan.documents(1)) == {(0, "plain"), (9, "clé ü"), (0, "bin")}

@@ -1,12 +1,13 @@
 """Reading a mirror's tables without writing them: one interface, two engines.
 
-The read-side commands (`status`, `audit rollbacks`) need a table's properties, its history and a
-few small tables beside it. delta-rs (`deltalake`) reads those in milliseconds without a JVM;
-Spark needs a JVM start and a job per question, tens of seconds on a small machine. delta-rs is
-therefore the default for them, and Spark reads the same tables when asked (`--engine spark`)
-or where delta-rs is known to be wrong (its change data feed of old rollback commits, see the
-README). Both engines hand back the same values: history entries and Arrow tables, so
-everything above this module is written once.
+The read-side commands (`status`, `verify`, `audit rollbacks / as-of / at-seqno`) need a table's
+properties, its history, its rows at a version and a few small tables beside it. delta-rs
+(`deltalake`) reads those in milliseconds without a JVM; Spark needs a JVM start and a job per
+question, tens of seconds on a small machine. delta-rs is therefore the default for them, and
+Spark reads the same tables when asked (`--engine spark`) or where delta-rs is known to be wrong
+(its change data feed of old rollback commits, see the README). Both engines hand back the same
+values: history entries and Arrow tables, so everything above this module is written once.
+Filters are SQL predicates in the subset both engines parse alike (`vbucket = 17`).
 
 >>> reader = table_reader("delta-rs")  # doctest: +SKIP
 >>> reader.history("/data/mirror")[-1].operation  # doctest: +SKIP
@@ -17,19 +18,21 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from urllib.parse import urlparse
 
 from replicator.errors import ConfigError, ReplicatorError
 
 if TYPE_CHECKING:
     import pyarrow as pa
-    from pyspark.sql import SparkSession
+    from pyspark.sql import DataFrame, SparkSession
 
     from replicator.delta.schema import CommitHeader, CommitMetadata
+
+_Tabular = TypeVar("_Tabular", "pa.Table", "pa.RecordBatch")
 
 DELTA_RS = "delta-rs"
 SPARK = "spark"
@@ -94,8 +97,33 @@ class TableReader(Protocol):
         """Every commit still in the table's log, oldest first."""
         ...
 
-    def read(self, path: str, columns: Sequence[str]) -> pa.Table:
-        """The current rows of the table at `path`, only `columns`."""
+    def read(
+        self, path: str, columns: Sequence[str], *, version: int | None = None,
+        where: str | None = None,
+    ) -> pa.Table:
+        """The rows of the table at `path` (at `version`, matching `where`), only `columns`."""
+        ...
+
+    def batches(
+        self, path: str, columns: Sequence[str], *, version: int | None = None,
+        where: str | None = None,
+    ) -> Iterator[pa.RecordBatch]:
+        """The same rows as `read`, a batch at a time (a whole mirror need not fit in memory)."""
+        ...
+
+    def count(self, path: str, *, version: int | None = None, where: str | None = None) -> int:
+        """How many rows `read` would return."""
+        ...
+
+    def first_rows(
+        self, path: str, columns: Sequence[str], order_by: Sequence[str], limit: int, *,
+        version: int | None = None, where: str | None = None,
+    ) -> pa.Table:
+        """The first `limit` rows in `order_by` order (all of them for 0), only `columns`."""
+        ...
+
+    def missing_files(self, path: str, version: int) -> list[str]:
+        """Data files `version` of the table needs that are gone (VACUUM); [] if unknown."""
         ...
 
 
@@ -110,13 +138,13 @@ class DeltaRsReader:
 
     def __init__(self, storage_options: Mapping[str, str] | None = None) -> None:
         self._storage_options = dict(storage_options or {})
-        self._tables: dict[str, Any] = {}
+        self._tables: dict[tuple[str, int | None], Any] = {}
 
     def is_table(self, path: str) -> bool:
         from deltalake import DeltaTable
 
         _check_scheme(path)
-        if path in self._tables:
+        if (path, None) in self._tables:
             return True
         if not self.path_exists(f"{path.rstrip('/')}/_delta_log"):
             return False
@@ -146,30 +174,83 @@ class DeltaRsReader:
         )
         return _with_commit_file_times(path, entries)
 
-    def read(self, path: str, columns: Sequence[str]) -> pa.Table:
-        import pyarrow as pa
+    def read(
+        self, path: str, columns: Sequence[str], *, version: int | None = None,
+        where: str | None = None,
+    ) -> pa.Table:
+        return _without_views(self._scan(path, columns, version, where).read_all())
 
+    def batches(
+        self, path: str, columns: Sequence[str], *, version: int | None = None,
+        where: str | None = None,
+    ) -> Iterator[pa.RecordBatch]:
+        for batch in self._scan(path, columns, version, where):
+            yield _without_views(batch)
+
+    def count(self, path: str, *, version: int | None = None, where: str | None = None) -> int:
+        # The narrowest projection: one column, counted batch by batch.
+        first_column = self._table(path, version).schema().fields[0].name
+        return sum(b.num_rows for b in self._scan(path, [first_column], version, where))
+
+    def first_rows(
+        self, path: str, columns: Sequence[str], order_by: Sequence[str], limit: int, *,
+        version: int | None = None, where: str | None = None,
+    ) -> pa.Table:
+        import pyarrow.compute as pc
+
+        order = [(c, "ascending") for c in order_by]
+        if not limit:
+            return self.read(path, columns, version=version, where=where).sort_by(order)
+        # Two passes keep memory to the sort columns (a mirror's documents can be far larger
+        # than memory): sort those, then read whole rows only where the first `limit` are,
+        # narrowed by the leading sort column, and keep exactly those rows.
+        keys = self.read(path, order_by, version=version, where=where)
+        first = keys.take(pc.sort_indices(keys, order)[:limit])
+        leading = sorted(set(first.column(order_by[0]).to_pylist()))
+        if not leading:
+            return self.read(path, columns, version=version, where="false")
+        narrowed = f"{order_by[0]} IN ({', '.join(_sql_literal(v) for v in leading)})"
+        rows = self.read(
+            path, list(dict.fromkeys([*columns, *order_by])), version=version,
+            where=f"({where}) AND {narrowed}" if where else narrowed,
+        )
+        chosen = rows.join(first, keys=list(order_by), join_type="left semi")
+        return chosen.sort_by(order).slice(0, limit).select(list(columns))
+
+    def missing_files(self, path: str, version: int) -> list[str]:
+        parsed = urlparse(path)
+        if parsed.scheme not in ("", "file"):
+            return []  # an object store is not listed here; the read itself will fail
+        uris = self._table(path, version).file_uris()
+        return [uri for uri in uris if not os.path.exists(urlparse(uri).path or uri)]
+
+    def _scan(
+        self, path: str, columns: Sequence[str], version: int | None, where: str | None
+    ) -> pa.RecordBatchReader:
         # scan() is delta-rs's own engine: it applies deletion vectors, which the
         # pyarrow-dataset path (to_pyarrow_table) refuses.
-        table = pa.RecordBatchReader.from_stream(
-            self._table(path).scan(columns=list(columns))
-        ).read_all()
-        return _without_views(table)
+        import pyarrow as pa
 
-    def _table(self, path: str) -> Any:
+        stream = self._table(path, version).scan(columns=list(columns), predicate=where)
+        return pa.RecordBatchReader.from_stream(stream)
+
+    def _table(self, path: str, version: int | None = None) -> Any:
         from deltalake import DeltaTable
 
-        table = self._tables.get(path)
+        table = self._tables.get((path, version))
         if table is None:
             _check_scheme(path)
             try:
-                table = DeltaTable(path, storage_options=self._storage_options or None)
+                table = DeltaTable(
+                    path, version=version, storage_options=self._storage_options or None
+                )
             except Exception as exc:
+                at = "" if version is None else f" at version {version}"
                 raise ReplicatorError(
-                    f"delta-rs cannot read the Delta table at {path}: {_first_line(exc)}; "
+                    f"delta-rs cannot read the Delta table at {path}{at}: {_first_line(exc)}; "
                     "try --engine spark"
                 ) from None
-            self._tables[path] = table
+            self._tables[path, version] = table
         return table
 
 
@@ -226,8 +307,41 @@ class SparkReader:
         ]
         return sorted(entries, key=lambda entry: entry.version)
 
-    def read(self, path: str, columns: Sequence[str]) -> pa.Table:
-        return self.spark.read.format("delta").load(path).select(*columns).toArrow()
+    def read(
+        self, path: str, columns: Sequence[str], *, version: int | None = None,
+        where: str | None = None,
+    ) -> pa.Table:
+        return self._frame(path, version, where).select(*columns).toArrow()
+
+    def batches(
+        self, path: str, columns: Sequence[str], *, version: int | None = None,
+        where: str | None = None,
+    ) -> Iterator[pa.RecordBatch]:
+        # toArrow collects whole; Spark's readers are for tables that fit the driver.
+        yield from self.read(path, columns, version=version, where=where).to_batches()
+
+    def count(self, path: str, *, version: int | None = None, where: str | None = None) -> int:
+        return int(self._frame(path, version, where).count())
+
+    def first_rows(
+        self, path: str, columns: Sequence[str], order_by: Sequence[str], limit: int, *,
+        version: int | None = None, where: str | None = None,
+    ) -> pa.Table:
+        frame = self._frame(path, version, where).orderBy(*order_by)
+        return (frame.limit(limit) if limit else frame).select(*columns).toArrow()
+
+    def missing_files(self, path: str, version: int) -> list[str]:
+        from replicator.delta.table import path_exists
+
+        files = self._frame(path, version, None).inputFiles()
+        return [f for f in files if not path_exists(self.spark, f)]
+
+    def _frame(self, path: str, version: int | None, where: str | None) -> DataFrame:
+        reader = self.spark.read.format("delta")
+        if version is not None:
+            reader = reader.option("versionAsOf", version)
+        frame = reader.load(path)
+        return frame.where(where) if where else frame
 
 
 def table_reader(engine: str | None, spark: SparkSession | None = None) -> TableReader:
@@ -289,7 +403,7 @@ def _with_commit_file_times(path: str, entries: list[HistoryEntry]) -> list[Hist
     return timed
 
 
-def _without_views(table: pa.Table) -> pa.Table:
+def _without_views(table: _Tabular) -> _Tabular:
     """`table` with delta-rs's string and binary view columns cast to plain ones.
 
     Spark and most of pyarrow's kernels (take, sort) want the plain types.
@@ -304,7 +418,16 @@ def _without_views(table: pa.Table) -> pa.Table:
         field.with_type(plain.get(str(field.type), field.type)) for field in table.schema
     ]
     schema = pa.schema(fields, metadata=table.schema.metadata)
-    return table if schema.equals(table.schema) else table.cast(schema)
+    return table if schema.equals(table.schema) else table.cast(schema)  # type: ignore[return-value]
+
+
+def _sql_literal(value: Any) -> str:
+    """`value` as a SQL literal both engines read alike (keys, names, numbers)."""
+    if isinstance(value, bool) or value is None:
+        raise ValueError(f"no SQL literal for {value!r} here")
+    if isinstance(value, int):
+        return str(value)
+    return "'" + str(value).replace("'", "''") + "'"
 
 
 def _string_map(value: Any) -> dict[str, str]:
