@@ -22,7 +22,7 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from replicator.dcp.positions import FailoverLog
-from replicator.delta.reader import HistoryEntry
+from replicator.delta.reader import SPARK, HistoryEntry
 from replicator.delta.schema import DATA_COLUMNS, RESYNC, ROLLBACK, MirrorLayout
 from replicator.delta.table import as_utc, engine_error_summary
 from replicator.errors import ConfigError, ReplicatorError
@@ -693,8 +693,8 @@ class MirrorHistory:
 
         return _guarded(read, f"version {version} of {self.target}")
 
-    def changes(self, start: int, end: int) -> DataFrame:
-        """The change data feed of versions `start`..`end` (both in the log)."""
+    def check_change_range(self, start: int, end: int) -> None:
+        """Versions `start`..`end` are in the log, in order, and their changes still there."""
         self.check_version(start)
         self.check_version(end)
         if start > end:
@@ -702,9 +702,14 @@ class MirrorHistory:
         if start < self.change_horizon:
             raise VersionVacuumedError(self._vacuumed_text(start, self.change_horizon, "changes"))
 
+    def changes(self, start: int, end: int) -> DataFrame:
+        """The change data feed of versions `start`..`end` as a Spark DataFrame."""
+        self.check_change_range(start, end)
+        spark = self.spark
+
         def feed() -> DataFrame:
             return (
-                self.spark.read.format("delta")
+                spark.read.format("delta")
                 .option("readChangeFeed", "true")
                 .option("startingVersion", start)
                 .option("endingVersion", end)
@@ -713,6 +718,67 @@ class MirrorHistory:
             )
 
         return _guarded(feed, f"the changes of versions {start}-{end} of {self.target}")
+
+    def change_rows(
+        self, start: int, end: int, *, where: str | None = None, limit: int = 0
+    ) -> tuple[int, pa.Table]:
+        """How many rows the change data feed of versions `start`..`end` holds, and the first
+        `limit` of them (all for 0), in feed order: by version, document, old image first.
+
+        `_commit_timestamp` is the history's commit time of each version, whichever engine
+        read the feed (delta-rs's feed carries the writer's clock, not the commit file's).
+        """
+        import pyarrow as pa
+
+        self.check_change_range(start, end)
+        total, rows = _guarded(
+            lambda: self.reader.changes(
+                self.target, start, end, CHANGE_COLUMNS, order_by=_FEED_ORDER, limit=limit,
+                where=where,
+            ),
+            f"the changes of versions {start}-{end} of {self.target}",
+        )
+        times = {entry.version: entry.timestamp for entry in self.entries}
+        committed = pa.array(
+            [times[v] for v in rows.column("_commit_version").to_pylist()],
+            pa.timestamp("us", tz="UTC"),
+        )
+        index = rows.schema.get_field_index("_commit_timestamp")
+        return total, rows.set_column(index, "_commit_timestamp", committed)
+
+    def delta_rs_misreads(self, start: int, end: int) -> list[int]:
+        """Versions `start`..`end` whose change feed delta-rs reads wrong: rollbacks and
+        resyncs written before they were MERGEs of the difference (a replaceWhere over a file
+        with a deletion vector, whose vector delta-rs 1.6 inverts)."""
+        from replicator.status import ROLLBACK_KINDS
+
+        misread = []
+        for entry in self.entries:
+            header = entry.commit_header
+            if (start <= entry.version <= end and header is not None
+                    and header.kind in ROLLBACK_KINDS and entry.operation != "MERGE"):
+                misread.append(entry.version)
+        return misread
+
+    def for_changes(self, start: int, end: int, *, engine: str | None,
+                    spark: SparkSession | None) -> MirrorHistory:
+        """This history on a reader whose change feed of `start`..`end` is right: this one,
+        or Spark's when delta-rs would misread a version of the range (unless delta-rs was
+        asked for by name, which is then an error)."""
+        from replicator.delta.reader import DELTA_RS, table_reader
+
+        if self.reader.engine != DELTA_RS:
+            return self
+        misread = self.delta_rs_misreads(start, end)
+        if not misread:
+            return self
+        if engine == DELTA_RS:
+            raise ConfigError(
+                f"versions {', '.join(map(str, misread))} of {self.target} are rollbacks written "
+                "by an older replicator, whose change feed delta-rs reads wrong; drop --engine "
+                "delta-rs to read them with Spark"
+            )
+        return MirrorHistory(table_reader(SPARK, spark), self.target, self.entries)
 
     def source_boundary(self, vbucket: int, seqno: int) -> SourceBoundary:
         """The newest committed boundary of `vbucket` at or below `seqno` on its live history."""
@@ -786,7 +852,8 @@ def _unreadable(exc: BaseException) -> bool:
 
 
 def document_history(
-    spark: SparkSession, target: str, key: str, *, collection: str | None = None
+    spark: SparkSession | None, target: str, key: str, *, collection: str | None = None,
+    engine: str | None = None,
 ) -> list[DocumentVersion]:
     """Every version of one document the mirror committed, oldest first.
 
@@ -795,40 +862,47 @@ def document_history(
     left out. When older changes were cleaned up or vacuumed, the first entry is a BASELINE:
     the document as the oldest fully readable version held it. `collection`
     (`scope.collection`) is needed when the key exists in several collections. Empty when the
-    mirror never held the key.
+    mirror never held the key. Read with delta-rs unless a SparkSession is given or `engine`
+    is "spark"; with Spark anyway where delta-rs would misread the feed (old rollbacks).
 
     >>> history = document_history(spark, "/data/mirror", "order::7",  # doctest: +SKIP
     ...                            collection="app.orders")
     >>> [(v.table_version, str(v.operation), v.seqno) for v in history]  # doctest: +SKIP
     [(1, 'insert', 12), (4, 'update', 57), (9, 'delete', None)]
     """
-    from pyspark.sql import functions as F
+    from replicator.delta.reader import table_reader
 
     if not key:
         raise ConfigError("document_history needs a document key")
-    history = MirrorHistory.read(spark, target)
-    condition = F.col("key") == key
+    history = MirrorHistory.open(table_reader(engine, spark), target)
+    # Changes before the log's oldest version, or vacuumed ones, are gone: start from the
+    # document as the oldest fully readable version held it.
+    base = None
+    if history.oldest > 0 or history.change_horizon > history.oldest:
+        base = max(history.oldest, history.change_horizon - 1)
+    start = history.oldest if base is None else base + 1
+    if start <= history.latest:
+        history = history.for_changes(start, history.latest, engine=engine, spark=spark)
+    literal = history.reader.literal
+    condition = f"key = {literal(key)}"
     if collection is not None:
         scope, name = split_collection(collection)
-        condition = condition & (F.col("scope") == scope) & (F.col("collection") == name)
+        condition += f" AND scope = {literal(scope)} AND collection = {literal(name)}"
 
     def rows() -> list[dict[str, Any]]:
         found: list[dict[str, Any]] = []
-        start = history.oldest
-        if history.oldest > 0 or history.change_horizon > history.oldest:
-            # Changes before the log's oldest version, or vacuumed ones, are gone: start from
-            # the document as the oldest fully readable version held it.
-            base = max(history.oldest, history.change_horizon - 1)
-            baseline = history.snapshot(base).where(condition).collect()
+        if base is not None:
+            history.check_readable(base)
+            baseline = history.reader.read(
+                history.target, DATA_COLUMNS, version=base, where=condition
+            )
             found += [
-                {**row.asDict(), "_change_type": "baseline", "_commit_version": base,
+                {**row, "_change_type": "baseline", "_commit_version": base,
                  "_commit_timestamp": history.commit_time(base)}
-                for row in baseline
+                for row in baseline.to_pylist()
             ]
-            start = base + 1
         if start <= history.latest:
-            found += [row.asDict() for row in
-                      history.changes(start, history.latest).where(condition).collect()]
+            found += history.change_rows(start, history.latest, where=condition)[1].to_pylist()
         return found
 
     changes = _guarded(rows, f"the history of {key!r} in {target}")
@@ -940,6 +1014,40 @@ def changes_between(
     return history.changes(first, last)
 
 
+def changes_table(
+    spark: SparkSession | None,
+    target: str,
+    start: int | datetime | str,
+    end: int | datetime | str,
+    *,
+    limit: int = 0,
+    engine: str | None = None,
+) -> tuple[int, pa.Table]:
+    """`changes_between` as Arrow: how many feed rows there are, and the first `limit` of them
+    (all for 0) in feed order (by version, document, old image before new). Read with delta-rs
+    unless a SparkSession is given or `engine` is "spark" (and with Spark where delta-rs
+    would misread the feed).
+
+    >>> total, first = changes_table(None, "/data/mirror", 3, 5, limit=20)  # doctest: +SKIP
+    """
+    from replicator.delta.reader import table_reader
+
+    history = MirrorHistory.open(table_reader(engine, spark), target)
+    first = _range_end(history, start, first=True)
+    last = _range_end(history, end, first=False)
+    if first is None or last is None or first > last:
+        if isinstance(start, int) and isinstance(end, int):
+            raise ConfigError(f"the change range starts at version {start}, after its end {end}")
+        _, rows = history.change_rows(history.latest, history.latest, where="false")
+        return 0, rows
+    reading = history.for_changes(first, last, engine=engine, spark=spark)
+    return reading.change_rows(first, last, limit=limit)
+
+
+_FEED_ORDER = ("_commit_version", "vbucket", "scope", "collection", "key", "_change_type")
+"""Feed rows by version, then document, a document's old image before its new one."""
+
+
 def _range_end(history: MirrorHistory, value: int | datetime | str, *, first: bool) -> int | None:
     if isinstance(value, bool):
         raise ConfigError(f"a change range end is a version or a timestamp, got {value!r}")
@@ -1039,6 +1147,7 @@ __all__ = [
     "VersionOutOfRangeError",
     "VersionVacuumedError",
     "changes_between",
+    "changes_table",
     "collapse_changes",
     "commit_activities",
     "commit_activity",

@@ -6,8 +6,10 @@
     replicator audit --target PATH changes --from X --to Y
     replicator audit --target PATH rollbacks
 
-Readable tables by default, `--json` for machines. Errors are errors.* (the `replicator`
-command prints them as one line and exits 2).
+Readable tables by default, `--json` for machines. Read with delta-rs (no JVM) unless
+`--engine spark`; Spark also reads a change feed that delta-rs would misread (rollbacks written by
+older replicators). Errors are errors.* (the `replicator` command prints them as one line and
+exits 2).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from replicator.delta.reader import DELTA_RS, SPARK
+from replicator.delta.reader import SPARK
 from replicator.errors import ConfigError
 from replicator.status import align_columns, format_time
 
@@ -30,9 +32,6 @@ if TYPE_CHECKING:
     from replicator.audit import MirrorHistory
 
 DEFAULT_LIMIT = 20
-_DELTA_RS_QUESTIONS = frozenset({"rollbacks", "as-of", "at-seqno"})
-"""Questions delta-rs answers (no JVM); the others need Spark's change data feed (delta-rs's is
-wrong on old rollback commits, see the README)."""
 VALUE_WIDTH = 60
 """Document text wider than this is cut in the readable tables (never in --json)."""
 
@@ -92,26 +91,16 @@ def run_audit(args: argparse.Namespace, *, spark: SparkSession | None = None) ->
     limit = getattr(args, "limit", DEFAULT_LIMIT)
     if limit < 0:
         raise ConfigError("--limit must not be negative")
-    engine = _engine(args.audit_command, args.engine, spark)
-    if engine == SPARK and spark is None:
+    # The engine asked for, else Spark when a session is at hand (its JVM is paid for), else
+    # delta-rs. Where delta-rs would misread the change feed (old rollback commits),
+    # replicator.audit reads with Spark anyway unless delta-rs was asked for by name.
+    if args.engine == SPARK and spark is None:
         from replicator.spark import build_session
 
         spark = build_session("replicator-audit")
     answer = _QUESTIONS[args.audit_command](spark, args)
     print(json.dumps(answer.document, indent=2, default=str) if args.json else answer.text)
     return 0
-
-
-def _engine(question: str, asked: str | None, spark: SparkSession | None) -> str:
-    """The engine that answers `question`: delta-rs where it can, unless Spark is asked for."""
-    if asked == DELTA_RS and question not in _DELTA_RS_QUESTIONS:
-        raise ConfigError(
-            f"audit {question} reads the mirror with Spark (delta-rs's change data feed is wrong "
-            "across rollback commits); drop --engine delta-rs"
-        )
-    if asked is not None:
-        return asked
-    return DELTA_RS if question in _DELTA_RS_QUESTIONS and spark is None else SPARK
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,8 +111,11 @@ class Answer:
     document: Any
 
 
-def _history(spark: SparkSession, args: argparse.Namespace) -> Answer:
+def _history(spark: SparkSession | None, args: argparse.Namespace) -> Answer:
     from replicator.audit import document_history
+
+    versions = document_history(spark, args.target, args.key, collection=args.collection,
+                                engine=args.engine)
 
     versions = document_history(spark, args.target, args.key, collection=args.collection)
     document = {"key": args.key, "versions": [v.to_json() for v in versions]}
@@ -172,25 +164,15 @@ def _mirror_history(spark: SparkSession | None, args: argparse.Namespace) -> Mir
     from replicator.audit import MirrorHistory
     from replicator.delta.reader import table_reader
 
-    engine = _engine(args.audit_command, args.engine, spark)
-    return MirrorHistory.open(table_reader(engine, spark), args.target)
+    return MirrorHistory.open(table_reader(args.engine, spark), args.target)
 
 
-def _changes(spark: SparkSession, args: argparse.Namespace) -> Answer:
-    from pyspark.sql import functions as F
+def _changes(spark: SparkSession | None, args: argparse.Namespace) -> Answer:
+    from replicator.audit import changes_table
 
-    from replicator.audit import changes_between
-
-    frame = changes_between(spark, args.target, _point(args.start), _point(args.end))
-    # Within a version, a document's old row before its new one.
-    change_order = F.expr(
-        "CASE _change_type WHEN 'update_preimage' THEN 0 WHEN 'delete' THEN 1 "
-        "WHEN 'update_postimage' THEN 2 ELSE 3 END"
-    )
-    frame = frame.orderBy("_commit_version", *_ROW_ORDER, change_order)
+    total, rows = changes_table(spark, args.target, _point(args.start), _point(args.end),
+                                limit=args.limit, engine=args.engine)
     title = f"changes from {args.start} to {args.end}"
-    total = frame.count()
-    rows = (frame.limit(args.limit) if args.limit else frame).select(*_CHANGE_COLUMNS).toArrow()
     return _rows_answer(title, total, rows, {"from": args.start, "to": args.end},
                         _CHANGE_COLUMNS)
 
@@ -198,7 +180,7 @@ def _changes(spark: SparkSession, args: argparse.Namespace) -> Answer:
 def _rollbacks(spark: SparkSession | None, args: argparse.Namespace) -> Answer:
     from replicator.audit import rollbacks
 
-    records = rollbacks(spark, args.target, engine=_engine("rollbacks", args.engine, spark))
+    records = rollbacks(spark, args.target, engine=args.engine)
     document = {"rollbacks": [r.to_json() for r in records]}
     if not records:
         return Answer(f"no rollbacks in the history of {args.target}", document)

@@ -811,6 +811,77 @@ def test_rollbacks_and_activity_are_the_same_with_either_engine(
     assert commit_activity(None, scenario.target) == commit_activity(spark, scenario.target)
 
 
+def answers_by_engine(
+    spark: Any, scenario: AuditScenario, question: tuple[str, ...],
+    capsys: pytest.CaptureFixture[str],
+) -> dict[tuple[str, tuple[str, ...]], str]:
+    """`audit QUESTION` printed by each engine, as text and as JSON; asserts they agree."""
+    answers = {}
+    for engine in ("spark", "delta-rs"):
+        for form in ((), ("--json",)):
+            code = run_audit(audit_args("--target", scenario.target, "--engine", engine,
+                                        *question, *form), spark=spark)
+            assert code == 0
+            answers[engine, form] = capsys.readouterr().out
+    assert answers["delta-rs", ()] == answers["spark", ()], question
+    assert answers["delta-rs", ("--json",)] == answers["spark", ("--json",)], question
+    return answers
+
+
+@pytest.mark.spark
+def test_history_and_changes_answer_the_same_with_either_engine(
+    spark: Any, scenario: AuditScenario, capsys: pytest.CaptureFixture[str]
+) -> None:
+    start, end = step_c_versions(spark, scenario)
+    latest = DeltaTable(scenario.target).version()
+    history = answers_by_engine(
+        spark, scenario, ("history", scenario.order_key, "--collection", ORDERS), capsys
+    )
+    assert [v["operation"] for v in json.loads(history["delta-rs", ("--json",)])["versions"]] == [
+        "insert", "update", "update", "update"
+    ]
+    for question in (
+        ("changes", "--from", str(start), "--to", str(end), "--limit", "0"),
+        ("changes", "--from", "1", "--to", str(latest), "--limit", "0"),
+        ("changes", "--from", "1", "--to", str(latest), "--limit", "5"),
+    ):
+        answers = answers_by_engine(spark, scenario, question, capsys)
+        assert json.loads(answers["delta-rs", ("--json",)])["rows"] > 0
+    # Without a session, and without --engine, delta-rs answers the same.
+    run_audit(audit_args("--target", scenario.target, "--json", "history", scenario.order_key,
+                         "--collection", ORDERS))
+    assert capsys.readouterr().out == history["delta-rs", ("--json",)]
+
+
+@pytest.mark.spark
+def test_a_change_feed_delta_rs_misreads_is_read_with_spark_unless_delta_rs_is_named(
+    spark: Any, scenario: AuditScenario
+) -> None:
+    from dataclasses import replace
+
+    from replicator.audit import MirrorHistory
+    from replicator.delta.reader import DeltaRsReader, SparkReader
+
+    history = MirrorHistory.open(DeltaRsReader(), scenario.target)
+    (rollback,) = rollbacks(None, scenario.target)
+    assert history.delta_rs_misreads(history.oldest, history.latest) == []
+    assert history.for_changes(history.oldest, history.latest, engine=None, spark=None) is history
+    # The same rollback as an older replicator wrote it: a replaceWhere (operation WRITE).
+    older = MirrorHistory(DeltaRsReader(), scenario.target, [
+        replace(e, operation="WRITE") if e.version == rollback.table_version else e
+        for e in history.entries
+    ])
+    v = rollback.table_version
+    assert older.delta_rs_misreads(history.oldest, history.latest) == [v]
+    assert older.delta_rs_misreads(history.oldest, v - 1) == []
+    assert older.for_changes(v + 1, history.latest, engine=None, spark=spark) is older
+    with pytest.raises(ConfigError, match=rf"versions {v} of .* drop --engine delta-rs"):
+        older.for_changes(v, v, engine="delta-rs", spark=spark)
+    through_spark = older.for_changes(v, v, engine=None, spark=spark)
+    assert isinstance(through_spark.reader, SparkReader)
+    assert through_spark.entries == older.entries
+
+
 @pytest.mark.spark
 def test_as_of_and_at_seqno_answer_the_same_with_either_engine(
     spark: Any, scenario: AuditScenario, capsys: pytest.CaptureFixture[str]
@@ -825,15 +896,7 @@ def test_as_of_and_at_seqno_answer_the_same_with_either_engine(
         (("at-seqno", str(ROLLED), str(scenario.boundary_d), "--limit", "2"), 2),
     ]
     for question, limit in questions:
-        answers = {}
-        for engine in ("spark", "delta-rs"):
-            for form in ((), ("--json",)):
-                code = run_audit(audit_args("--target", scenario.target, "--engine", engine,
-                                            *question, *form), spark=spark)
-                assert code == 0
-                answers[engine, form] = capsys.readouterr().out
-        assert answers["delta-rs", ()] == answers["spark", ()], question
-        assert answers["delta-rs", ("--json",)] == answers["spark", ("--json",)], question
+        answers = answers_by_engine(spark, scenario, question, capsys)
         shown = json.loads(answers["delta-rs", ("--json",)])
         assert shown["rows"] > 0, question
         assert shown["shown"] == (min(shown["rows"], limit) if limit else shown["rows"])
@@ -907,8 +970,9 @@ def test_status_and_audit_rollbacks_answer_without_a_jvm_and_print_only_the_answ
     audit = run_replicator(env, "audit", "--target", scenario.target, "rollbacks", "--json")
     as_of = run_replicator(env, "audit", "--target", scenario.target, "as-of", "--version", "1",
                            "--json")
-    spark_needed = run_replicator(env, "audit", "--target", scenario.target, "--engine",
-                                  "delta-rs", "history", scenario.order_key)
+    history = run_replicator(env, "audit", "--target", scenario.target, "--engine",
+                             "delta-rs", "history", scenario.order_key, "--collection", ORDERS,
+                             "--json")
 
     assert (status.returncode, status.stderr) == (0, "")
     assert status.stdout.startswith(f"mirror of bucket 'shop' at {scenario.target} ")
@@ -918,6 +982,5 @@ def test_status_and_audit_rollbacks_answer_without_a_jvm_and_print_only_the_answ
     assert (record["kind"], record["vbucket"]) == ("rollback", ROLLED)
     assert (as_of.returncode, as_of.stderr) == (0, "")
     assert json.loads(as_of.stdout)["version"] == 1
-    # A question only Spark answers says so, instead of trying delta-rs.
-    assert spark_needed.returncode == 2 and spark_needed.stdout == ""
-    assert spark_needed.stderr.startswith("replicator: audit history reads the mirror with Spark")
+    assert (history.returncode, history.stderr) == (0, "")
+    assert json.loads(history.stdout)["versions"][0]["operation"] == "insert"

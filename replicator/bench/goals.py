@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from replicator.bench.catch_up import CatchUpResult
 from replicator.bench.drain import DrainResult
 from replicator.bench.memory import MemoryResult
+from replicator.bench.read_side import COMMANDS as READ_SIDE_COMMANDS
 from replicator.bench.read_side import ReadSideResult
 from replicator.bench.rollback import RollbackResult
 from replicator.bench.steady_state import SteadyStateResult
@@ -63,7 +64,7 @@ def evaluate_goals(
         _memory(memory),
         _rollback(rollback),
         _catch_up(catch_up),
-        *(_read_side(read_side, command) for command in ("status", "audit rollbacks")),
+        *(_read_side(read_side, " ".join(command)) for command in READ_SIDE_COMMANDS),
     )
 
 

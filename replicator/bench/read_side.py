@@ -5,11 +5,11 @@ data commits until it has `versions` table versions, each carrying the replicato
 metadata for every vbucket (as a group commit of a busy bucket does), a one-vbucket rollback
 every ROLLBACK_EVERY commits with the details a real rollback records, and the checkpoint rows
 of every commit, recorded every CHECKPOINT_EVERY commits as the executor does. The commits add
-no rows (empty appends): the read-side commands read the log, the checkpoints, the owners and
-the failover logs, never the rows, and empty appends build 500 versions in minutes where
-MERGEs would take most of an hour.
+no rows (empty appends): `status` and `audit rollbacks` read the log, the checkpoints, the owners
+and the failover logs, never the rows (`as-of` reads the rows of version 1), and empty appends
+build 500 versions in minutes where MERGEs would take most of an hour.
 
-Then `replicator status` and `replicator audit rollbacks` run as new processes, several times
+Then `replicator status`, `audit rollbacks` and `audit as-of` run as new processes, several times
 each, wall clock from start to exit: what a cron job or an operator in an incident waits. Once
 each with `--engine spark` too, for comparison. Whatever a command writes to stderr is kept:
 the goal is an answer and nothing else on the terminal.
@@ -32,7 +32,8 @@ if TYPE_CHECKING:
 ROLLBACK_EVERY = 50
 CHECKPOINT_EVERY = 10
 OWNER_ID = "bench-read-side"
-COMMANDS = (("status",), ("audit", "rollbacks"))
+COMMANDS = (("status",), ("audit", "rollbacks"), ("audit", "as-of", "--version", "1"))
+"""Timed commands: `as-of` reads rows too (the first 20 of the version that loaded them all)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -39,6 +39,11 @@ SPARK = "spark"
 ENGINES = (DELTA_RS, SPARK)
 """Engine names the read-side commands accept (`--engine`)."""
 
+CHANGE_TYPE = "_change_type"
+CHANGE_TYPE_ORDER = ("update_preimage", "delete", "update_postimage", "insert")
+"""Change feed rows of one document in one version, in the order a reader wants them."""
+_RANK = "_change_rank"
+
 _DELTA_RS_SCHEMES = frozenset({"", "file", "s3", "s3a", "gs", "az", "abfs", "abfss", "azure"})
 """URI schemes delta-rs opens; anything else (hdfs://, ...) is read with Spark."""
 
@@ -124,6 +129,20 @@ class TableReader(Protocol):
 
     def missing_files(self, path: str, version: int) -> list[str]:
         """Data files `version` of the table needs that are gone (VACUUM); [] if unknown."""
+        ...
+
+    def changes(
+        self, path: str, start: int, end: int, columns: Sequence[str], *,
+        order_by: Sequence[str], limit: int, where: str | None = None,
+    ) -> tuple[int, pa.Table]:
+        """How many rows the change data feed of versions `start`..`end` (both included) has,
+        matching `where`, and the first `limit` of them (all for 0) in `order_by` order, only
+        `columns` (data columns and `_change_type`, `_commit_version`, `_commit_timestamp`).
+        `_change_type` orders as CHANGE_TYPE_ORDER: a row's old image before its new one."""
+        ...
+
+    def literal(self, value: str | int) -> str:
+        """`value` as a SQL literal in this engine's dialect, for `where`."""
         ...
 
 
@@ -223,6 +242,35 @@ class DeltaRsReader:
             return []  # an object store is not listed here; the read itself will fail
         uris = self._table(path, version).file_uris()
         return [uri for uri in uris if not os.path.exists(urlparse(uri).path or uri)]
+
+    def changes(
+        self, path: str, start: int, end: int, columns: Sequence[str], *,
+        order_by: Sequence[str], limit: int, where: str | None = None,
+    ) -> tuple[int, pa.Table]:
+        import pyarrow as pa
+
+        feed = pa.RecordBatchReader.from_stream(self._table(path).load_cdf(
+            starting_version=start, ending_version=end, predicate=where
+        ))
+        wanted = list(dict.fromkeys([*columns, *order_by]))
+        order = [(_RANK if c == CHANGE_TYPE else c, "ascending") for c in order_by]
+        total = 0
+        # A running top `limit` (everything for 0): memory follows the rows shown, not the feed.
+        kept: list[pa.Table] = []
+        for batch in feed:
+            total += batch.num_rows
+            kept.append(_ranked(pa.Table.from_batches([_without_views(batch)]).select(wanted)))
+            if limit and sum(t.num_rows for t in kept) > 4 * limit + 65_536:
+                kept = [pa.concat_tables(kept).sort_by(order).slice(0, limit)]
+        if not kept:
+            empty = _without_views(feed.schema.empty_table()).select(wanted)
+            return 0, empty.select(list(columns))
+        rows = pa.concat_tables(kept).sort_by(order)
+        return total, (rows.slice(0, limit) if limit else rows).select(list(columns))
+
+    def literal(self, value: str | int) -> str:
+        # DataFusion's generic dialect: a quote doubles, a backslash is itself.
+        return _sql_literal(value)
 
     def _scan(
         self, path: str, columns: Sequence[str], version: int | None, where: str | None
@@ -336,6 +384,31 @@ class SparkReader:
         files = self._frame(path, version, None).inputFiles()
         return [f for f in files if not path_exists(self.spark, f)]
 
+    def changes(
+        self, path: str, start: int, end: int, columns: Sequence[str], *,
+        order_by: Sequence[str], limit: int, where: str | None = None,
+    ) -> tuple[int, pa.Table]:
+        from pyspark.sql import functions as F
+
+        frame = (
+            self.spark.read.format("delta").option("readChangeFeed", "true")
+            .option("startingVersion", start).option("endingVersion", end).load(path)
+        )
+        if where:
+            frame = frame.where(where)
+        ranks = " ".join(f"WHEN '{name}' THEN {rank}" for rank, name in enumerate(
+            CHANGE_TYPE_ORDER))
+        rank = F.expr(f"CASE {CHANGE_TYPE} {ranks} ELSE {len(CHANGE_TYPE_ORDER)} END")
+        ordered = frame.orderBy(*[rank if c == CHANGE_TYPE else F.col(c) for c in order_by])
+        total = int(frame.count())
+        return total, (ordered.limit(limit) if limit else ordered).select(*columns).toArrow()
+
+    def literal(self, value: str | int) -> str:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return str(value)
+        # Spark SQL reads backslash escapes in string literals.
+        return "'" + str(value).replace("\\", "\\\\").replace("'", "\\'") + "'"
+
     def _frame(self, path: str, version: int | None, where: str | None) -> DataFrame:
         reader = self.spark.read.format("delta")
         if version is not None:
@@ -419,6 +492,17 @@ def _without_views(table: _Tabular) -> _Tabular:
     ]
     schema = pa.schema(fields, metadata=table.schema.metadata)
     return table if schema.equals(table.schema) else table.cast(schema)  # type: ignore[return-value]
+
+
+def _ranked(rows: pa.Table) -> pa.Table:
+    """`rows` with a column ranking each `_change_type` as CHANGE_TYPE_ORDER does."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if CHANGE_TYPE not in rows.column_names:
+        return rows
+    rank = pc.index_in(rows.column(CHANGE_TYPE), value_set=pa.array(CHANGE_TYPE_ORDER))
+    return rows.append_column(_RANK, pc.fill_null(rank, len(CHANGE_TYPE_ORDER)))
 
 
 def _sql_literal(value: Any) -> str:

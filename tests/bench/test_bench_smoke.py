@@ -92,7 +92,10 @@ def test_smoke_numbers_are_sane(smoke_run: tuple[BenchReport, dict[str, Any], Pa
     assert read_side["rows"] == preset.docs and read_side["vbuckets"] == preset.vbuckets
     assert read_side["checkpoint_rows"] >= preset.vbuckets * 2
     commands = {(t["command"], t["engine"]) for t in read_side["timings"]}
-    assert commands == {("status", "delta-rs"), ("audit rollbacks", "delta-rs")}
+    assert commands == {
+        ("status", "delta-rs"), ("audit rollbacks", "delta-rs"),
+        ("audit as-of --version 1", "delta-rs"),
+    }
     for timing in read_side["timings"]:
         # The answer and nothing else: no JVM, log4j or Python warning on stderr.
         assert timing["exit_code"] == 0 and timing["stderr"] == "", timing
