@@ -415,10 +415,9 @@ def test_paths_that_are_not_mirrors_are_refused(spark: Any, tmp_path: Path) -> N
         document_history(spark, str(tmp_path / "nothing"), "k")
 
 
-@pytest.mark.spark
-def test_vacuumed_versions_are_refused_and_history_starts_from_a_baseline(
-    spark: Any, scenario: AuditScenario, tmp_path: Path
-) -> None:
+def vacuumed_copy(spark: Any, scenario: AuditScenario, tmp_path: Path) -> tuple[str, int]:
+    """A copy of the scenario mirror with every file no longer current vacuumed, and the
+    (vacuumed) table version of step B."""
     copy = str(tmp_path / "vacuumed")
     shutil.copytree(scenario.target, copy)
     spark.conf.set("spark.databricks.delta.retentionDurationCheck.enabled", "false")
@@ -426,7 +425,14 @@ def test_vacuumed_versions_are_refused_and_history_starts_from_a_baseline(
         spark.sql(f"VACUUM delta.`{copy}` LITE RETAIN 0 HOURS")
     finally:
         spark.conf.unset("spark.databricks.delta.retentionDurationCheck.enabled")
-    version_b = checkpoint_version(spark, copy, ROLLED, scenario.boundary_b)
+    return copy, checkpoint_version(spark, copy, ROLLED, scenario.boundary_b)
+
+
+@pytest.mark.spark
+def test_vacuumed_versions_are_refused_and_history_starts_from_a_baseline(
+    spark: Any, scenario: AuditScenario, tmp_path: Path
+) -> None:
+    copy, version_b = vacuumed_copy(spark, scenario, tmp_path)
 
     with pytest.raises(VersionVacuumedError, match="VACUUM"):
         mirror_as_of(spark, copy, version=version_b)
@@ -917,14 +923,7 @@ def test_delta_rs_names_a_vacuumed_version_as_spark_does(
     from replicator.audit import MirrorHistory
     from replicator.delta.reader import DeltaRsReader
 
-    copy = str(tmp_path / "vacuumed")
-    shutil.copytree(scenario.target, copy)
-    spark.conf.set("spark.databricks.delta.retentionDurationCheck.enabled", "false")
-    try:
-        spark.sql(f"VACUUM delta.`{copy}` LITE RETAIN 0 HOURS")
-    finally:
-        spark.conf.unset("spark.databricks.delta.retentionDurationCheck.enabled")
-    version_b = checkpoint_version(spark, copy, ROLLED, scenario.boundary_b)
+    copy, version_b = vacuumed_copy(spark, scenario, tmp_path)
     history = MirrorHistory.open(DeltaRsReader(), copy)
 
     with pytest.raises(VersionVacuumedError, match=r"removed by VACUUM; versions from \d+ on"):

@@ -295,23 +295,28 @@ def test_report_is_equal_only_when_every_vbucket_is() -> None:
 # --- Spark computes the same fingerprints ---------------------------------------------------
 
 
-@pytest.mark.spark
-def test_spark_fingerprints_and_digests_match_python(spark: Any) -> None:
+def mirror_rows() -> list[tuple[Any, ...]]:
+    """Mirror rows (DATA_SCHEMA) of every kind: JSON, xattrs, binary, expired, odd keys."""
     from datetime import UTC, datetime
 
-    from replicator.delta.schema import DATA_SCHEMA
-    from replicator.verify import fingerprint_column, mirror_digests, mirror_expired_keys
-
-    expiry = datetime.fromtimestamp(NOW + 60, UTC)
+    later = datetime.fromtimestamp(NOW + 60, UTC)
     past = datetime.fromtimestamp(NOW - 60, UTC)
-    rows = [
+    return [
         (1, "_default", "_default", 0, "plain", 3, 1, 99, 0, None, True, '{"a":1}', None, None),
-        (1, "inventory", "hotels", 9, "clé ü", 4, 1, 2**62, 7, expiry, True, '{"é":"ü"}', None,
+        (1, "inventory", "hotels", 9, "clé ü", 4, 1, 2**62, 7, later, True, '{"é":"ü"}', None,
          '{"_sync":{"rev":1}}'),
         (1, "_default", "_default", 0, "bin", 5, 2, 5, 1, None, False, None, b"\x00\xff", None),
         (2, "_default", "_default", 0, "old", 2, 1, 5, 0, past, True, "{}", None, None),
+        (3, "_default", "_default", 0, "it's", 8, 1, 6, 0, None, True, "[]", None, None),
     ]
-    frame = spark.createDataFrame(rows, DATA_SCHEMA)
+
+
+@pytest.mark.spark
+def test_spark_fingerprints_and_digests_match_python(spark: Any) -> None:
+    from replicator.delta.schema import DATA_SCHEMA
+    from replicator.verify import fingerprint_column, mirror_digests, mirror_expired_keys
+
+    frame = spark.createDataFrame(mirror_rows()[:4], DATA_SCHEMA)
     got = {r["key"]: r["f"] for r in frame.select("key", fingerprint_column().alias("f")).collect()}
     expected = {
         "plain": row_fingerprint(0, "plain", 3, 99, b'{"a":1}', 0, 0, True, None),
@@ -332,24 +337,13 @@ def test_the_mirror_scan_digests_a_delta_table_as_spark_does(
     spark: Any, tmp_path: Path, engine: str
 ) -> None:
     # verify's default mirror side: rows read through a TableReader, fingerprinted in Python.
-    from datetime import UTC, datetime
 
     from replicator.delta.reader import table_reader
     from replicator.delta.schema import DATA_SCHEMA
     from replicator.verify import MirrorScan, mirror_digests, mirror_documents, mirror_expired_keys
 
-    later = datetime.fromtimestamp(NOW + 60, UTC)
-    past = datetime.fromtimestamp(NOW - 60, UTC)
-    rows = [
-        (1, "_default", "_default", 0, "plain", 3, 1, 99, 0, None, True, '{"a":1}', None, None),
-        (1, "inventory", "hotels", 9, "clé ü", 4, 1, 2**62, 7, later, True, '{"é":"ü"}', None,
-         '{"_sync":{"rev":1}}'),
-        (1, "_default", "_default", 0, "bin", 5, 2, 5, 1, None, False, None, b"\x00\xff", None),
-        (2, "_default", "_default", 0, "old", 2, 1, 5, 0, past, True, "{}", None, None),
-        (3, "_default", "_default", 0, "it's", 8, 1, 6, 0, None, True, "[]", None, None),
-    ]
     path = str(tmp_path / "table")
-    spark.createDataFrame(rows, DATA_SCHEMA).write.format("delta").save(path)
+    spark.createDataFrame(mirror_rows(), DATA_SCHEMA).write.format("delta").save(path)
     frame = spark.read.format("delta").load(path)
 
     scan = MirrorScan(table_reader(engine, spark), path, NOW).scan()
