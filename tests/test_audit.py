@@ -939,6 +939,20 @@ def test_delta_rs_names_a_vacuumed_version_as_spark_does(
         )
 
 
+@pytest.mark.spark
+def test_each_engine_quotes_text_for_its_own_dialect(spark: Any, tmp_path: Path) -> None:
+    from replicator.delta.reader import DeltaRsReader, SparkReader
+
+    keys = ["plain", "it's", "back\\slash", "both\\'", "ünï ✓", "%_"]
+    path = str(tmp_path / "keys")
+    spark.createDataFrame([(k,) for k in keys], "key string").write.format("delta").save(path)
+
+    for reader in (DeltaRsReader(), SparkReader(spark)):
+        for key in keys:
+            found = reader.read(path, ["key"], where=f"key = {reader.literal(key)}")
+            assert found.column("key").to_pylist() == [key], (reader.engine, key)
+
+
 def no_java_environment(tmp_path: Path) -> dict[str, str]:
     """The environment with no way to start a JVM: no java on PATH, JAVA_HOME pointing nowhere."""
     import os

@@ -1,13 +1,14 @@
 """Reading a mirror's tables without writing them: one interface, two engines.
 
-The read-side commands (`status`, `verify`, `audit rollbacks / as-of / at-seqno`) need a table's
-properties, its history, its rows at a version and a few small tables beside it. delta-rs
+The read-side commands (`status`, `verify`, `audit`) need a table's properties, its history, its
+rows at a version, its change feed and a few small tables beside it. delta-rs
 (`deltalake`) reads those in milliseconds without a JVM; Spark needs a JVM start and a job per
 question, tens of seconds on a small machine. delta-rs is therefore the default for them, and
 Spark reads the same tables when asked (`--engine spark`) or where delta-rs is known to be wrong
 (its change data feed of old rollback commits, see the README). Both engines hand back the same
 values: history entries and Arrow tables, so everything above this module is written once.
-Filters are SQL predicates in the subset both engines parse alike (`vbucket = 17`).
+Filters (`where`) are SQL predicates both engines parse alike (`vbucket = 17`); text goes in
+through the reader's `literal`, since the two dialects escape strings differently.
 
 >>> reader = table_reader("delta-rs")  # doctest: +SKIP
 >>> reader.history("/data/mirror")[-1].operation  # doctest: +SKIP
