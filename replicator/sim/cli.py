@@ -13,6 +13,7 @@ import logging
 import os
 import random
 import signal
+import sys
 import threading
 from collections.abc import Mapping, Sequence
 from types import FrameType
@@ -68,6 +69,13 @@ def add_sim_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=0,
         help="first node's TLS port; node i takes port+i (0: ephemeral ports)",
+    )
+    parser.add_argument(
+        "--mgmt-port",
+        type=int,
+        default=None,
+        help="first node's management (REST) port; node i takes port+i (0: ephemeral ports; "
+        "default 8091, ephemeral with --port 0)",
     )
     parser.add_argument(
         "--send-rate",
@@ -126,6 +134,7 @@ def run_sim(args: argparse.Namespace) -> int:
         users={args.username: password},
         tls_context=tls_context,
         tls_base_port=args.tls_port,
+        mgmt_base_port=args.mgmt_port,
         options=ServerOptions(
             send_rate_bytes_per_second=args.send_rate, sasl_mechanisms=mechanisms
         ),
@@ -133,7 +142,10 @@ def run_sim(args: argparse.Namespace) -> int:
     try:
         cluster.start()
     except OSError as exc:
-        raise ConfigError(f"cannot listen on {args.host} port {args.port}: {exc}") from None
+        raise ConfigError(
+            f"cannot listen on {args.host} (data port {args.port}, management port "
+            f"{args.mgmt_port}): {exc}; choose free ports, or 0 for ephemeral ones"
+        ) from None
     stop = threading.Event()
     previous = _install_stop_handlers(stop)
     threads: list[threading.Thread] = []
@@ -141,6 +153,8 @@ def run_sim(args: argparse.Namespace) -> int:
         print(cluster.connection_string, flush=True)
         if cluster.tls_connection_string is not None:
             print(cluster.tls_connection_string, flush=True)
+        print(f"management REST API: {', '.join(cluster.management_urls)}", file=sys.stderr,
+              flush=True)
         if args.rate > 0:
             threads.append(
                 _start(
@@ -194,7 +208,10 @@ def _check_options(args: argparse.Namespace, faults: Sequence[str]) -> None:
         raise ConfigError(f"--vbuckets must be 1..1024, got {args.vbuckets}")
     if not 1 <= args.nodes <= min(64, args.vbuckets):
         raise ConfigError(f"--nodes must be 1..{min(64, args.vbuckets)}, got {args.nodes}")
-    for flag, port in (("--port", args.port), ("--tls-port", args.tls_port)):
+    if args.mgmt_port is None:
+        args.mgmt_port = 8091 if args.port else 0
+    for flag, port in (("--port", args.port), ("--tls-port", args.tls_port),
+                       ("--mgmt-port", args.mgmt_port)):
         if not 0 <= port <= 65535 - args.nodes:
             raise ConfigError(f"{flag} {port} leaves no room for {args.nodes} node(s)")
     if args.docs < 0 or args.doc_size < 0:

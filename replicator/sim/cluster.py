@@ -41,6 +41,7 @@ from replicator.dcp.positions import FailoverLog
 from replicator.sim.bucket import SimBucket
 from replicator.sim.cluster_config import BucketTopology, NodeEndpoint, encode_bucket_config
 from replicator.sim.faults import MalformedFrame
+from replicator.sim.management import ManagementServer
 from replicator.sim.sasl_server import CredentialStore
 from replicator.sim.server import NodeServer, ServerOptions, Session
 
@@ -62,8 +63,10 @@ class SimCluster:
 
     `base_port` 0 gives every node an ephemeral port; otherwise node i listens on
     base_port + i (and on tls_base_port + i for TLS when `tls_context` is given, ephemeral if
-    tls_base_port is 0). `users` maps user names to passwords (default: Administrator /
-    password). Start it with `start()` or a `with` block.
+    tls_base_port is 0). Each node also serves the management REST API's cluster-map part on
+    mgmt_base_port + i (ephemeral for 0), as its `mgmt` service in the cluster map. `users`
+    maps user names to passwords (default: Administrator / password). Start it with `start()`
+    or a `with` block.
     """
 
     def __init__(
@@ -76,13 +79,15 @@ class SimCluster:
         users: Mapping[str, str] | None = None,
         tls_context: ssl.SSLContext | None = None,
         tls_base_port: int = 0,
+        mgmt_base_port: int = 0,
         options: ServerOptions | None = None,
     ) -> None:
         if nodes < 1:
             raise ValueError(f"a cluster needs at least one node, got {nodes}")
         if nodes > bucket.num_vbuckets:
             raise ValueError(f"{nodes} nodes cannot share {bucket.num_vbuckets} vbuckets")
-        if not 0 <= base_port <= 65535 - nodes or not 0 <= tls_base_port <= 65535 - nodes:
+        if not all(0 <= port <= 65535 - nodes for port in (base_port, tls_base_port,
+                                                           mgmt_base_port)):
             raise ValueError("ports must leave room for one port per node below 65536")
         self._bucket = bucket
         self._host = host
@@ -103,6 +108,8 @@ class SimCluster:
             )
             for index in range(nodes)
         ]
+        self._mgmt_base_port = mgmt_base_port
+        self._management: list[ManagementServer] = []
         self._topology: BucketTopology | None = None
         self._config_cache: dict[tuple[int, int, int], bytes] = {}
         self._unsubscribe: Callable[[], None] | None = None
@@ -117,9 +124,11 @@ class SimCluster:
         try:
             for node in self._nodes:
                 node.start()
+                self._management.append(self._management_server(node.index))
         except OSError:
             for node in self._nodes:
                 node.stop()
+            self._stop_management()
             raise
         with self._lock:
             self._topology = BucketTopology.spread(
@@ -136,10 +145,20 @@ class SimCluster:
             self._unsubscribe = None
         for node in self._nodes:
             node.stop()
+        self._stop_management()
         self._started = False
 
     def __enter__(self) -> SimCluster:
         return self.start()
+
+    def _management_server(self, index: int) -> ManagementServer:
+        port = self._mgmt_base_port + index if self._mgmt_base_port else 0
+        return ManagementServer(self, index, host=self._host, port=port).start()
+
+    def _stop_management(self) -> None:
+        for server in self._management:
+            server.stop()
+        self._management = []
 
     def __exit__(
         self,
@@ -221,6 +240,13 @@ class SimCluster:
         return f"couchbase://{hosts}/{self._bucket.name}"
 
     @property
+    def management_urls(self) -> tuple[str, ...]:
+        """Each node's management (REST) endpoint, `http://host:port`."""
+        return tuple(
+            f"http://{format_address(self._host, server.port)}" for server in self._management
+        )
+
+    @property
     def tls_connection_string(self) -> str | None:
         """`couchbases://host:tls_port,.../bucket`, None when the cluster serves no TLS."""
         if self._tls_context is None:
@@ -268,6 +294,7 @@ class SimCluster:
             index = len(self._nodes)
             node = NodeServer(self, index, host=self._host, tls_context=self._tls_context)
             node.start()
+            self._management.append(self._management_server(index))
             self._nodes.append(node)
             self._topology = self.topology.with_nodes(self._endpoints())
         self._push_cluster_map()
@@ -290,7 +317,7 @@ class SimCluster:
                 self._host,
                 node.port,
                 node.tls_port,
-                mgmt_port=9000 + 2 * node.index,
+                mgmt_port=self._management[node.index].port,
             )
             for node in self._nodes
         ]
@@ -298,6 +325,8 @@ class SimCluster:
     def _push_cluster_map(self) -> None:
         for session in self.sessions():
             session.push_cluster_map()
+        for server in self._management:
+            server.notify_changed()
 
     def _on_bucket_change(self, vbuckets: frozenset[int]) -> None:
         for node in self._nodes:

@@ -35,7 +35,8 @@ BUCKET_CAPABILITIES = (
 """What a 7.x Couchbase bucket advertises; `dcp`, `collections` and `xattr` matter to DCP."""
 
 FIRST_MGMT_PORT = 9000
-"""Management ports as a cluster_run dev cluster numbers them (nothing listens there)."""
+"""Management ports as a cluster_run dev cluster numbers them (a SimCluster's serve the REST
+API's cluster-map endpoints on ports of their own, `replicator.sim.management`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,14 +140,12 @@ def bucket_config(
         services: dict[str, int] = {"kv": node.kv_port, "mgmt": node.mgmt_port}
         if node.kv_tls_port is not None:
             services["kvSSL"] = node.kv_tls_port
-            services["mgmtSSL"] = node.mgmt_port + 10000
         entry: dict[str, Any] = {"services": services, "hostname": node.host}
         if index == this_node:
             entry["thisNode"] = True
         nodes_ext.append(entry)
         legacy_nodes.append(
             {
-                "couchApiBase": f"http://{format_address(node.host, node.mgmt_port + 500)}/{name}",
                 "hostname": format_address(node.host, node.mgmt_port),
                 "ports": {"direct": node.kv_port},
             }
