@@ -250,24 +250,46 @@ class DeltaRsReader:
     ) -> tuple[int, pa.Table]:
         import pyarrow as pa
 
-        feed = pa.RecordBatchReader.from_stream(self._table(path).load_cdf(
-            starting_version=start, ending_version=end, predicate=where
-        ))
-        wanted = list(dict.fromkeys([*columns, *order_by]))
         order = [(_RANK if c == CHANGE_TYPE else c, "ascending") for c in order_by]
+        if not limit:
+            rows = _ranked(self._feed(path, start, end, None, where).read_all())
+            return rows.num_rows, rows.sort_by(order).select(list(columns))
+        # Two passes keep memory to the rows shown, not the feed (documents can be large): a
+        # running first `limit` over the sort columns alone, then the whole rows of those only,
+        # read from their versions and narrowed by the second sort column (the vbucket).
         total = 0
-        # A running top `limit` (everything for 0): memory follows the rows shown, not the feed.
-        kept: list[pa.Table] = []
-        for batch in feed:
+        first: pa.Table | None = None
+        for batch in self._feed(path, start, end, list(order_by), where):
             total += batch.num_rows
-            kept.append(_ranked(pa.Table.from_batches([_without_views(batch)]).select(wanted)))
-            if limit and sum(t.num_rows for t in kept) > 4 * limit + 65_536:
-                kept = [pa.concat_tables(kept).sort_by(order).slice(0, limit)]
-        if not kept:
-            empty = _without_views(feed.schema.empty_table()).select(wanted)
-            return 0, empty.select(list(columns))
-        rows = pa.concat_tables(kept).sort_by(order)
-        return total, (rows.slice(0, limit) if limit else rows).select(list(columns))
+            keys = _ranked(pa.Table.from_batches([batch]))
+            merged = keys if first is None else pa.concat_tables([first, keys])
+            first = merged.take(pa.compute.sort_indices(merged, order)[:limit])
+        if first is None or first.num_rows == 0:
+            return 0, self._feed(path, start, end, None, "false").read_all().select(list(columns))
+        versions = first.column(order_by[0]).to_pylist()
+        narrowed = [where] if where else []
+        if len(order_by) > 1:
+            values = sorted(set(first.column(order_by[1]).to_pylist()))
+            narrowed.append(f"{order_by[1]} IN ({', '.join(map(_sql_literal, values))})")
+        rows = self._feed(path, min(versions), max(versions), None,
+                          " AND ".join(f"({p})" for p in narrowed) or None).read_all()
+        chosen = rows.join(first.drop_columns([_RANK]), keys=list(order_by),
+                           join_type="left semi")
+        return total, _ranked(chosen).sort_by(order).slice(0, limit).select(list(columns))
+
+    def _feed(
+        self, path: str, start: int, end: int, columns: list[str] | None, where: str | None
+    ) -> pa.RecordBatchReader:
+        import pyarrow as pa
+
+        feed = self._table(path).load_cdf(
+            starting_version=start, ending_version=end, columns=columns, predicate=where
+        )
+        reader = pa.RecordBatchReader.from_stream(feed)
+        schema = _without_views(reader.schema.empty_table()).schema
+        return pa.RecordBatchReader.from_batches(
+            schema, (_without_views(batch) for batch in reader)
+        )
 
     def literal(self, value: str | int) -> str:
         # DataFusion's generic dialect: a quote doubles, a backslash is itself.
