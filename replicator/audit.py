@@ -684,14 +684,12 @@ class MirrorHistory:
         in `order_by` order (all for 0), read through this history's reader."""
         self.check_readable(version)
 
-        def read() -> tuple[int, pa.Table]:
-            total = self.reader.count(self.target, version=version, where=where)
-            first = self.reader.first_rows(
+        return _guarded(
+            lambda: self.reader.first_rows(
                 self.target, columns, order_by, limit, version=version, where=where
-            )
-            return total, first
-
-        return _guarded(read, f"version {version} of {self.target}")
+            ),
+            f"version {version} of {self.target}",
+        )
 
     def check_change_range(self, start: int, end: int) -> None:
         """Versions `start`..`end` are in the log, in order, and their changes still there."""

@@ -117,15 +117,12 @@ class TableReader(Protocol):
         """The same rows as `read`, a batch at a time (a whole mirror need not fit in memory)."""
         ...
 
-    def count(self, path: str, *, version: int | None = None, where: str | None = None) -> int:
-        """How many rows `read` would return."""
-        ...
-
     def first_rows(
         self, path: str, columns: Sequence[str], order_by: Sequence[str], limit: int, *,
         version: int | None = None, where: str | None = None,
-    ) -> pa.Table:
-        """The first `limit` rows in `order_by` order (all of them for 0), only `columns`."""
+    ) -> tuple[int, pa.Table]:
+        """How many rows `read` would return, and the first `limit` of them in `order_by`
+        order (all of them for 0), only `columns`."""
         ...
 
     def missing_files(self, path: str, version: int) -> list[str]:
@@ -207,35 +204,31 @@ class DeltaRsReader:
         for batch in self._scan(path, columns, version, where):
             yield _without_views(batch)
 
-    def count(self, path: str, *, version: int | None = None, where: str | None = None) -> int:
-        # The narrowest projection: one column, counted batch by batch.
-        first_column = self._table(path, version).schema().fields[0].name
-        return sum(b.num_rows for b in self._scan(path, [first_column], version, where))
-
     def first_rows(
         self, path: str, columns: Sequence[str], order_by: Sequence[str], limit: int, *,
         version: int | None = None, where: str | None = None,
-    ) -> pa.Table:
+    ) -> tuple[int, pa.Table]:
         import pyarrow.compute as pc
 
         order = [(c, "ascending") for c in order_by]
         if not limit:
-            return self.read(path, columns, version=version, where=where).sort_by(order)
+            rows = self.read(path, columns, version=version, where=where)
+            return rows.num_rows, rows.sort_by(order)
         # Two passes keep memory to the sort columns (a mirror's documents can be far larger
-        # than memory): sort those, then read whole rows only where the first `limit` are,
-        # narrowed by the leading sort column, and keep exactly those rows.
+        # than memory): sort those (which also counts the rows), then read whole rows only where
+        # the first `limit` are, narrowed by the leading sort column, and keep exactly those.
         keys = self.read(path, order_by, version=version, where=where)
         first = keys.take(pc.sort_indices(keys, order)[:limit])
         leading = sorted(set(first.column(order_by[0]).to_pylist()))
         if not leading:
-            return self.read(path, columns, version=version, where="false")
-        narrowed = f"{order_by[0]} IN ({', '.join(_sql_literal(v) for v in leading)})"
+            return 0, self.read(path, columns, version=version, where="false")
+        narrowed = f"{order_by[0]} IN ({', '.join(self.literal(v) for v in leading)})"
         rows = self.read(
             path, list(dict.fromkeys([*columns, *order_by])), version=version,
             where=f"({where}) AND {narrowed}" if where else narrowed,
         )
         chosen = rows.join(first, keys=list(order_by), join_type="left semi")
-        return chosen.sort_by(order).slice(0, limit).select(list(columns))
+        return keys.num_rows, chosen.sort_by(order).slice(0, limit).select(list(columns))
 
     def missing_files(self, path: str, version: int) -> list[str]:
         parsed = urlparse(path)
@@ -249,6 +242,7 @@ class DeltaRsReader:
         order_by: Sequence[str], limit: int, where: str | None = None,
     ) -> tuple[int, pa.Table]:
         import pyarrow as pa
+        import pyarrow.compute as pc
 
         order = [(_RANK if c == CHANGE_TYPE else c, "ascending") for c in order_by]
         if not limit:
@@ -263,14 +257,14 @@ class DeltaRsReader:
             total += batch.num_rows
             keys = _ranked(pa.Table.from_batches([batch]))
             merged = keys if first is None else pa.concat_tables([first, keys])
-            first = merged.take(pa.compute.sort_indices(merged, order)[:limit])
+            first = merged.take(pc.sort_indices(merged, order)[:limit])
         if first is None or first.num_rows == 0:
             return 0, self._feed(path, start, end, None, "false").read_all().select(list(columns))
         versions = first.column(order_by[0]).to_pylist()
         narrowed = [where] if where else []
         if len(order_by) > 1:
             values = sorted(set(first.column(order_by[1]).to_pylist()))
-            narrowed.append(f"{order_by[1]} IN ({', '.join(map(_sql_literal, values))})")
+            narrowed.append(f"{order_by[1]} IN ({', '.join(map(self.literal, values))})")
         rows = self._feed(path, min(versions), max(versions), None,
                           " AND ".join(f"({p})" for p in narrowed) or None).read_all()
         chosen = rows.join(first.drop_columns([_RANK]), keys=list(order_by),
@@ -391,15 +385,14 @@ class SparkReader:
         # toArrow collects whole; Spark's readers are for tables that fit the driver.
         yield from self.read(path, columns, version=version, where=where).to_batches()
 
-    def count(self, path: str, *, version: int | None = None, where: str | None = None) -> int:
-        return int(self._frame(path, version, where).count())
-
     def first_rows(
         self, path: str, columns: Sequence[str], order_by: Sequence[str], limit: int, *,
         version: int | None = None, where: str | None = None,
-    ) -> pa.Table:
-        frame = self._frame(path, version, where).orderBy(*order_by)
-        return (frame.limit(limit) if limit else frame).select(*columns).toArrow()
+    ) -> tuple[int, pa.Table]:
+        frame = self._frame(path, version, where)
+        ordered = frame.orderBy(*order_by)
+        rows = (ordered.limit(limit) if limit else ordered).select(*columns).toArrow()
+        return int(frame.count()), rows
 
     def missing_files(self, path: str, version: int) -> list[str]:
         from replicator.delta.table import path_exists
