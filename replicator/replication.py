@@ -348,7 +348,7 @@ class Replication:
         landed, start the next commit if a threshold is reached."""
         self._reopen_due()
         batch = self._source.poll(timeout=poll_timeout)
-        for event in batch:
+        for event in batch.events:  # data messages stay columnar runs
             self._handle(event)
         self._staging.flush()
         self._source.acknowledge(batch)

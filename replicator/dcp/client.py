@@ -73,6 +73,7 @@ from replicator.dcp.connection import (
 )
 from replicator.dcp.connstr import ConnectionString
 from replicator.dcp.events import (
+    DocumentChanges,
     RollbackRequired,
     StreamEnd,
     StreamEndReason,
@@ -173,22 +174,34 @@ class AckReceipt:
 
 @dataclass(frozen=True, slots=True)
 class EventBatch:
-    """What one `poll` returns: events in per-vbucket order and the receipt to acknowledge."""
+    """What one `poll` returns: events in per-vbucket order and the receipt to acknowledge.
+
+    `events` is what the connections handed up: data messages as `DocumentChanges` runs (one
+    per vbucket and socket read, column by column), everything else as typed events. Iterating
+    the batch gives every message as a typed event instead, runs expanded into Mutation,
+    Deletion and Expiration events: simpler to read, slower for a bulk consumer.
+    """
 
     events: tuple[StreamEvent, ...]
     receipt: AckReceipt
 
     def __iter__(self) -> Iterator[StreamEvent]:
-        return iter(self.events)
+        for event in self.events:
+            if type(event) is DocumentChanges:
+                yield from event.events()
+            else:
+                yield event
 
     def __len__(self) -> int:
-        return len(self.events)
+        """Messages in the batch (a run counts each of its rows)."""
+        return sum(_message_count(event) for event in self.events)
 
     def __bool__(self) -> bool:
         return bool(self.events)
 
-    def __getitem__(self, index: int) -> StreamEvent:
-        return self.events[index]
+
+def _message_count(event: StreamEvent) -> int:
+    return len(event) if type(event) is DocumentChanges else 1
 
 
 def _refused(
@@ -226,6 +239,8 @@ class _Queued:
     connection_id: int
     size: int
     """sum(sizes), kept so the whole entry is counted without a pass over it."""
+    messages: int = 1
+    """Messages in `events` (a DocumentChanges run counts its rows)."""
     releases_stream: bool = False
     """Handing this (single) StreamEnd up lets the vbucket's stream be reopened."""
 
@@ -1095,25 +1110,41 @@ class DcpClient:
         releases_stream: bool = False,
     ) -> None:
         self._queue.append(
-            _Queued([event], [size], connection.connection_id, size, releases_stream)
+            _Queued([event], [size], connection.connection_id, size, 1, releases_stream)
         )
 
     def _take_batch(self, limit: int) -> EventBatch:
+        """Up to `limit` messages, or one run of more (runs are never split)."""
         events: list[StreamEvent] = []
         counts: dict[int, int] = collections.defaultdict(int)
-        while self._queue and len(events) < limit:
+        taken_messages = 0
+        while self._queue and taken_messages < limit:
             queued = self._queue[0]
-            room = limit - len(events)
-            if len(queued.events) > room:
-                # Split the entry: the rest stays queued, with the bytes it still holds.
-                events.extend(queued.events[:room])
-                taken = sum(queued.sizes[:room])
-                del queued.events[:room], queued.sizes[:room]
+            room = limit - taken_messages
+            if queued.messages > room:
+                # Split the entry between events (a run stays whole: it goes past the limit
+                # only when it is the batch's first event); the rest stays queued, with the
+                # bytes it still holds.
+                split = 0
+                while split < len(queued.events) and room > 0:
+                    weight = _message_count(queued.events[split])
+                    if weight > room and (split or events):
+                        break
+                    room -= weight
+                    split += 1
+                if split == 0:
+                    break
+                part = queued.events[:split]
+                events.extend(part)
+                taken = sum(queued.sizes[:split])
+                del queued.events[:split], queued.sizes[:split]
                 queued.size -= taken
+                queued.messages -= sum(_message_count(event) for event in part)
                 if taken:
                     counts[queued.connection_id] += taken
                 break
             self._queue.popleft()
+            taken_messages += queued.messages
             events.extend(queued.events)
             if queued.size:
                 counts[queued.connection_id] += queued.size
@@ -1176,7 +1207,8 @@ class DcpClient:
 
     def _queue_read(self, events: list[StreamEvent], sizes: list[int], connection_id: int) -> None:
         if events:
-            self._queue.append(_Queued(events, sizes, connection_id, sum(sizes)))
+            messages = sum(_message_count(event) for event in events)
+            self._queue.append(_Queued(events, sizes, connection_id, sum(sizes), messages))
 
     def _on_stream_end(
         self, stream: VbucketStream, end: StreamEnd, connection: NodeConnection, size: int

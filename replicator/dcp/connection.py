@@ -64,8 +64,9 @@ from replicator.dcp.codec import (
     sasl_mechanisms_of,
 )
 from replicator.dcp.codec import BufferAck as BufferAckRequest
+from replicator.dcp.columnar import DocumentColumns, DocumentRun
 from replicator.dcp.connstr import format_address
-from replicator.dcp.events import StreamEnd
+from replicator.dcp.events import DocumentChanges, StreamEnd
 from replicator.dcp.flow_control import DEFAULT_WINDOW_BYTES, FlowControl
 from replicator.dcp.frame import DEFAULT_MAX_BODY_SIZE, HEADER_SIZE, Frame, FrameReader
 from replicator.dcp.opcodes import Datatype, DcpOpenFlags, HelloFeature, Magic, Opcode, Status
@@ -188,7 +189,8 @@ class ConnectionOptions:
         return 2.0 * self.noop_interval
 
 
-Delivered = tuple[ProducerMessage, int, int]
+Delivered = tuple[ProducerMessage | DocumentChanges, int, int]
+"""(message, opaque, wire bytes); data messages come as DocumentChanges runs."""
 """A producer message as handed up: (message, the frame's opaque, its size on the wire)."""
 
 
@@ -258,6 +260,7 @@ class NodeConnection:
         self._credentials = credentials
         self._listener = listener
         self._reader = FrameReader(max_body_size=self.options.max_body_size)
+        self._columns = DocumentColumns(self.features)
         self._sock: socket.socket | None = None
         self._lock = threading.Lock()
         self._pending: dict[int, _Pending] = {}
@@ -594,6 +597,9 @@ class NodeConnection:
     def _run(self) -> None:
         sock = self._sock
         assert sock is not None
+        # From here on data messages go into columns (the features are final now).
+        self._columns = DocumentColumns(self.features)
+        self._reader.sink = self._columns
         selector = selectors.DefaultSelector()
         try:
             selector.register(self._wake_r, selectors.EVENT_READ)
@@ -654,17 +660,29 @@ class NodeConnection:
             if not data:
                 raise ConnectionLostError(self.address, "the node closed the connection")
             self._last_received = time.monotonic()
-            # ProtocolError propagates: the frames after a bad one are never dispatched (those
-            # before it are delivered first, as they would have been one by one).
+            # A ProtocolError stops the connection: the frames after a bad one are never
+            # dispatched, those before it are delivered first (as they would be one by one).
+            entries: list[object] = self._reader.feed(data)  # type: ignore[assignment]
+            self._columns.finish()
             try:
-                for frame in self._reader.feed(data):
+                for entry in entries:
                     if self._closed.is_set():
                         return False
-                    self._dispatch(frame)
+                    if type(entry) is DocumentRun:
+                        self._take_run(entry)
+                    else:
+                        self._dispatch(cast(Frame, entry))
             finally:
                 if not self._closed.is_set():
                     self._deliver()
+            if self._reader.failure is not None:
+                raise self._reader.failure
         return True
+
+    def _take_run(self, run: DocumentRun) -> None:
+        assert run.changes is not None
+        self._undelivered.append((run.changes, run.opaque, run.size))
+        self._undelivered_bytes += run.size
 
     def _flush(self, sock: socket.socket) -> bool:
         """Send queued bytes; True when the socket would block (wait for writability)."""

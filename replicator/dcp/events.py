@@ -1,7 +1,8 @@
 """Typed events a DCP stream hands to the layer above, one frozen type per message.
 
 The wire codec decodes producer messages into these types; the stream layer adds the
-lifecycle events (`StreamOpened`, `RollbackRequired`). Values arrive already decompressed
+lifecycle events (`StreamOpened`, `RollbackRequired`). A connection hands data messages up in
+bulk, as `DocumentChanges`: the same fields column by column, many messages per object. Values arrive already decompressed
 and with xattrs split off, and keys without their collection-id prefix: the layers above
 never see wire encodings.
 """
@@ -9,8 +10,12 @@ never see wire encodings.
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterator
 from dataclasses import dataclass
 
+import pyarrow as pa
+
+from replicator.dcp.opcodes import Opcode
 from replicator.dcp.positions import FailoverLog
 
 
@@ -193,11 +198,127 @@ class RollbackRequired:
     rollback_seqno: int
 
 
+XATTRS_TYPE = pa.list_(
+    pa.struct([pa.field("name", pa.string(), nullable=False), pa.field("value", pa.string())])
+)
+
+DOCUMENT_CHANGE_SCHEMA = pa.schema(
+    [
+        pa.field("opcode", pa.uint8(), nullable=False),
+        pa.field("by_seqno", pa.uint64(), nullable=False),
+        pa.field("rev_seqno", pa.uint64(), nullable=False),
+        pa.field("cas", pa.uint64(), nullable=False),
+        pa.field("flags", pa.uint32(), nullable=False),
+        pa.field("expiration", pa.uint32(), nullable=False),
+        pa.field("lock_time", pa.uint32(), nullable=False),
+        pa.field("delete_time", pa.uint32(), nullable=False),
+        pa.field("collection_id", pa.uint32(), nullable=False),
+        pa.field("key", pa.binary(), nullable=False),
+        pa.field("value", pa.binary(), nullable=False),
+        pa.field("is_json", pa.bool_(), nullable=False),
+        pa.field("xattrs", XATTRS_TYPE),
+    ]
+)
+"""One row per data message, the fields of Mutation / Deletion / Expiration side by side.
+
+`opcode` tells which (0x57 mutation, 0x58 deletion, 0x59 expiration). Fields a kind lacks are
+0 (or empty, or false); `xattrs` is null when the document has none.
+"""
+
+MUTATION_OPCODE = int(Opcode.DCP_MUTATION)
+DELETION_OPCODE = int(Opcode.DCP_DELETION)
+EXPIRATION_OPCODE = int(Opcode.DCP_EXPIRATION)
+
+
+@dataclass(frozen=True, slots=True)
+class DocumentChanges:
+    """Consecutive data messages of one vbucket's stream, column by column.
+
+    The connection hands mutations, deletions and expirations up this way (one Arrow batch per
+    socket read, sliced per vbucket) instead of one object per message: see
+    `replicator.dcp.columnar`. `columns` has DOCUMENT_CHANGE_SCHEMA, one row per message in
+    stream order (the snapshot assembler checks their seqnos). `events()` gives the same
+    messages as typed events, for readers that want them one by one.
+    """
+
+    vbucket: int
+    columns: pa.RecordBatch
+    stream_id: int | None = None
+    mutation_count: int = -1
+    """How many rows are mutations (-1: not counted; `mutations` counts then)."""
+
+    def __len__(self) -> int:
+        return int(self.columns.num_rows)
+
+    @property
+    def mutations(self) -> int:
+        """How many rows are mutations (the rest are deletions and expirations)."""
+        if self.mutation_count >= 0:
+            return self.mutation_count
+        opcodes = self.columns.column(0).to_numpy()
+        return int((opcodes == MUTATION_OPCODE).sum())
+
+    @property
+    def first_seqno(self) -> int:
+        return int(self.columns.column(1)[0].as_py())
+
+    @property
+    def last_seqno(self) -> int:
+        return int(self.columns.column(1)[-1].as_py())
+
+    def events(self) -> Iterator[Mutation | Deletion | Expiration]:
+        """The messages as typed events, in stream order."""
+        vbucket, stream_id = self.vbucket, self.stream_id
+        for row in self.columns.to_pylist():
+            opcode = row["opcode"]
+            xattrs = tuple((x["name"], x["value"]) for x in row["xattrs"] or ())
+            if opcode == MUTATION_OPCODE:
+                yield Mutation(
+                    vbucket,
+                    row["by_seqno"],
+                    row["rev_seqno"],
+                    row["cas"],
+                    row["flags"],
+                    row["expiration"],
+                    row["lock_time"],
+                    row["collection_id"],
+                    row["key"],
+                    row["value"],
+                    row["is_json"],
+                    xattrs,
+                    stream_id,
+                )
+            elif opcode == DELETION_OPCODE:
+                yield Deletion(
+                    vbucket,
+                    row["by_seqno"],
+                    row["rev_seqno"],
+                    row["cas"],
+                    row["collection_id"],
+                    row["key"],
+                    row["delete_time"],
+                    xattrs,
+                    stream_id,
+                )
+            else:
+                yield Expiration(
+                    vbucket,
+                    row["by_seqno"],
+                    row["rev_seqno"],
+                    row["cas"],
+                    row["collection_id"],
+                    row["key"],
+                    row["delete_time"],
+                    stream_id,
+                )
+
+
 ItemEvent = Mutation | Deletion | Expiration | SystemEvent | SeqnoAdvanced
 """Events that carry a seqno and so can complete a snapshot."""
 
 StreamEvent = (
     SnapshotMarker
+    | DocumentChanges
     | Mutation
     | Deletion
     | Expiration

@@ -14,7 +14,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 from replicator.dcp.opcodes import FrameInfoId, Magic
 from replicator.errors import ProtocolError
@@ -34,6 +34,8 @@ _KNOWN_MAGICS = _CLASSIC_MAGICS | _FLEX_MAGICS
 _FLEX_MAGIC_VALUES = frozenset(int(m) for m in _FLEX_MAGICS)
 _KNOWN_MAGIC_VALUES = frozenset(int(m) for m in _KNOWN_MAGICS)
 _STREAM_ID_INFO_TAG = (int(FrameInfoId.DCP_STREAM_ID) << 4) | 2
+_PRODUCER_REQUEST_MAGICS = frozenset({int(Magic.REQUEST), int(Magic.FLEX_REQUEST)})
+_DATA_OPCODES = frozenset({0x57, 0x58, 0x59})  # DCP_MUTATION, DCP_DELETION, DCP_EXPIRATION
 
 
 class Frame(NamedTuple):
@@ -271,19 +273,57 @@ def parse_frame(data: bytes, *, max_body_size: int = DEFAULT_MAX_BODY_SIZE) -> F
     return frames[0]
 
 
+class DataMessageSink(Protocol):
+    """Where a FrameReader puts DCP data messages instead of making frames of them
+    (`replicator.dcp.columnar.DocumentColumns`)."""
+
+    def begin(self, buf: bytes) -> None:
+        """The reader is about to parse `buf`."""
+
+    def add(
+        self,
+        buf: bytes,
+        pos: int,
+        frame_end: int,
+        out: list[object],
+        magic: int,
+        opcode: int,
+        key_length: int,
+        extras_length: int,
+        datatype: int,
+        vbucket: int,
+        opaque: int,
+    ) -> None:
+        """Take the data message at buf[pos:frame_end]; may append an entry to `out`."""
+
+    def end_vbucket(self, vbucket: int) -> None:
+        """A producer message of another kind came for the vbucket."""
+
+    def end_all(self) -> None:
+        """A message that is not a producer request came."""
+
+
 class FrameReader:
     """Incremental reader: feed it bytes as they arrive, get back every frame completed.
 
     Each header is validated as soon as its 24 bytes are in: magic known, framing extras +
     extras + key <= body length, body length <= `max_body_size`. After a ProtocolError the
     stream position is lost, so the reader refuses further input with the same error.
+
+    With a `sink`, producer data messages go to the sink (which may put its own entries among
+    the frames), and a ProtocolError found after some frames were complete is not raised at
+    once: `feed` returns those frames, `failure` tells, and the next `feed` raises. The caller
+    hands up what came before the bad frame, then stops.
     """
 
-    __slots__ = ("_chunks", "_failure", "_max_body_size", "_needed", "_pending_bytes")
+    __slots__ = ("_chunks", "_failure", "_max_body_size", "_needed", "_pending_bytes", "sink")
 
-    def __init__(self, *, max_body_size: int = DEFAULT_MAX_BODY_SIZE) -> None:
+    def __init__(
+        self, *, max_body_size: int = DEFAULT_MAX_BODY_SIZE, sink: DataMessageSink | None = None
+    ) -> None:
         if max_body_size < 0:
             raise ValueError("max_body_size must not be negative")
+        self.sink = sink
         self._max_body_size = max_body_size
         self._chunks: list[bytes] = []
         self._pending_bytes = 0
@@ -297,8 +337,14 @@ class FrameReader:
         """Bytes received that do not yet form a whole frame."""
         return self._pending_bytes
 
+    @property
+    def failure(self) -> ProtocolError | None:
+        """The error that stopped the reader, if any."""
+        return self._failure
+
     def feed(self, data: bytes | bytearray | memoryview) -> list[Frame]:
-        """Add received bytes; return the frames they complete, in order."""
+        """Add received bytes; return the frames they complete, in order (with a sink, the
+        sink's entries too: the list then holds objects of both kinds)."""
         if self._failure is not None:
             raise self._failure
         if data:
@@ -314,6 +360,8 @@ class FrameReader:
             self._failure = exc
             self._chunks = []
             self._pending_bytes = 0
+            if self.sink is not None and frames:
+                return frames
             raise
         rest = buf[pos:] if pos else buf
         self._chunks = [rest] if rest else []
@@ -343,6 +391,12 @@ class FrameReader:
         append = frames.append
         # tuple.__new__ directly: skips the NamedTuple's Python-level __new__ per frame.
         new_frame = tuple.__new__
+        sink = self.sink
+        producer_magics = _PRODUCER_REQUEST_MAGICS
+        data_opcodes = _DATA_OPCODES
+        out: list[object] = frames  # type: ignore[assignment]  # the sink adds its own entries
+        if sink is not None:
+            sink.begin(buf)
         while end - pos >= HEADER_SIZE:
             magic, opcode, key_len, ext_len, datatype, vbs, body_len, opaque, cas = unpack(buf, pos)
             if magic in flex_magics:
@@ -367,6 +421,18 @@ class FrameReader:
             if frame_end > end:
                 self._needed = HEADER_SIZE + body_len
                 return pos
+            if sink is not None:
+                if magic in producer_magics:
+                    if opcode in data_opcodes:
+                        sink.add(
+                            buf, pos, frame_end, out, magic, opcode, key_len, ext_len, datatype,
+                            vbs, opaque,
+                        )  # fmt: skip
+                        pos = frame_end
+                        continue
+                    sink.end_vbucket(vbs)
+                else:
+                    sink.end_all()
             p = pos + HEADER_SIZE
             if framing_len:
                 framing = buf[p : p + framing_len]

@@ -184,6 +184,13 @@ def decompress_value(
     data: bytes, *, max_size: int = DEFAULT_MAX_VALUE_SIZE, opcode: int | None = None
 ) -> bytes:
     """Snappy raw-format decompression, refusing to inflate beyond `max_size` bytes."""
+    return bytes(decompress_value_view(data, max_size=max_size, opcode=opcode))
+
+
+def decompress_value_view(
+    data: bytes, *, max_size: int = DEFAULT_MAX_VALUE_SIZE, opcode: int | None = None
+) -> memoryview:
+    """`decompress_value` without the copy into `bytes` (for Arrow, which copies anyway)."""
     # The raw format starts with the uncompressed length (varint): check it before the
     # library allocates that much. One and two bytes (up to 16 KiB) are read without a loop.
     if len(data) >= 2 and not data[1] & 0x80:
@@ -195,7 +202,7 @@ def decompress_value(
             f"snappy value inflates to {claimed} bytes, limit {max_size}", opcode=opcode
         )
     try:
-        return bytes(cramjam.snappy.decompress_raw(data))
+        return memoryview(cramjam.snappy.decompress_raw(data))
     except cramjam.DecompressionError as exc:
         raise ProtocolError(f"bad snappy value: {exc}", opcode=opcode) from None
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from replicator.dcp.events import (
     Deletion,
+    DocumentChanges,
     Expiration,
     ItemEvent,
     Mutation,
@@ -126,8 +127,16 @@ class SnapshotAssembler:
         self._vbuckets: dict[int, _VbucketAssembly] = {}
 
     def feed(self, event: StreamEvent) -> CompleteSnapshot | None:
-        """Take the vbucket's next event; return the snapshot it completes, if any."""
+        """Take the vbucket's next event; return the snapshot it completes, if any.
+
+        A `DocumentChanges` run is checked as a whole (the usual case) and only taken apart
+        when something is wrong with it: then its items are fed one by one and the
+        ProtocolError names the bad one (a snapshot an earlier item of the run completed is
+        not returned: the vbucket's stream is reopened from its committed position anyway).
+        """
         state = self._state(event.vbucket)
+        if type(event) is DocumentChanges:
+            return self._accept_run(state, event)
         if isinstance(event, Mutation | Deletion | Expiration | SystemEvent | SeqnoAdvanced):
             return self._accept_item(state, event)
         if isinstance(event, SnapshotMarker):
@@ -209,6 +218,41 @@ class SnapshotAssembler:
         if not snapshot.is_oso and seqno == snapshot.end_seqno:
             return self._complete(state, Completion.END_ITEM)
         return None
+
+    def _accept_run(self, state: _VbucketAssembly, run: DocumentChanges) -> CompleteSnapshot | None:
+        snapshot = state.open
+        seqnos = run.columns.column(1).to_numpy()
+        if snapshot is None or self._keep_items or not len(seqnos):
+            return self._accept_each(run)
+        first, last = int(seqnos[0]), int(seqnos[-1])
+        low, high = int(seqnos.min()), int(seqnos.max())
+        if state.completed_end is not None and low <= state.completed_end:
+            return self._accept_each(run)
+        if snapshot.is_oso:
+            snapshot.end_seqno = max(snapshot.end_seqno, high)
+            if snapshot.min_seqno is None or low < snapshot.min_seqno:
+                snapshot.min_seqno = low
+        else:
+            if (
+                first < snapshot.start_seqno
+                or last > snapshot.end_seqno
+                or (snapshot.last_seqno is not None and first <= snapshot.last_seqno)
+                or not bool((seqnos[1:] > seqnos[:-1]).all())
+            ):
+                return self._accept_each(run)
+        snapshot.last_seqno = last
+        snapshot.item_count += len(seqnos)
+        if not snapshot.is_oso and last == snapshot.end_seqno:
+            return self._complete(state, Completion.END_ITEM)
+        return None
+
+    def _accept_each(self, run: DocumentChanges) -> CompleteSnapshot | None:
+        """The run's items one by one (keeps items, or finds the bad one for the error)."""
+        completed = None
+        for item in run.events():
+            done = self.feed(item)
+            completed = done if done is not None else completed
+        return completed
 
     def _open_marker(
         self, state: _VbucketAssembly, marker: SnapshotMarker

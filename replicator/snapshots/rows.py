@@ -13,10 +13,15 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Protocol, cast, runtime_checkable
 
+import numpy as np
 import pyarrow as pa
 
 from replicator.dcp.events import (
+    DELETION_OPCODE,
+    EXPIRATION_OPCODE,
+    MUTATION_OPCODE,
     Deletion,
+    DocumentChanges,
     Expiration,
     ItemEvent,
     Mutation,
@@ -209,10 +214,60 @@ class ChangeRowConverter:
         )
         self._now = now
 
-    def convert(self, items: Iterable[ItemEvent]) -> pa.RecordBatch:
-        """Rows for the document changes among `items` (in order); ProtocolError on bad input."""
+    def convert(self, items: Iterable[ItemEvent | DocumentChanges]) -> pa.RecordBatch:
+        """Rows for the document changes among `items` (in order); ProtocolError on bad input.
+
+        Columnar runs (`DocumentChanges`) are converted column by column, several runs at once;
+        typed events one by one. A system event between them is learned in its place.
+        """
         now = self._now()
         names_cache: dict[int, tuple[str, str]] = {}
+        segments: list[pa.RecordBatch] = []
+        events: list[ItemEvent] = []
+        runs: list[DocumentChanges] = []
+        for item in items:
+            if type(item) is DocumentChanges:
+                if events:
+                    segments.append(self._convert_events(events, now, names_cache))
+                    events = []
+                runs.append(item)
+                continue
+            if runs:
+                segments.append(self._convert_runs(runs, now, names_cache))
+                runs = []
+            if type(item) is SystemEvent and self._learner is not None:
+                if events:  # rows before the event use the names from before it
+                    segments.append(self._convert_events(events, now, names_cache))
+                    events = []
+                self._learner.learn(item)
+                names_cache.clear()
+                continue
+            events.append(cast(ItemEvent, item))
+        if events:
+            segments.append(self._convert_events(events, now, names_cache))
+        if runs:
+            segments.append(self._convert_runs(runs, now, names_cache))
+        if not segments:
+            return pa.RecordBatch.from_pylist([], schema=CHANGE_SCHEMA)
+        if len(segments) == 1:
+            return segments[0]
+        return pa.concat_batches(segments)
+
+    def _names_of(
+        self, collection_id: int, names_cache: dict[int, tuple[str, str]], where: str
+    ) -> tuple[str, str]:
+        names = names_cache.get(collection_id)
+        if names is None:
+            try:
+                names = self._names(collection_id)
+            except LookupError as exc:
+                raise ProtocolError(f"{where}: {exc}") from None
+            names_cache[collection_id] = names
+        return names
+
+    def _convert_events(
+        self, items: list[ItemEvent], now: float, names_cache: dict[int, tuple[str, str]]
+    ) -> pa.RecordBatch:
         vbuckets: list[int] = []
         scopes: list[str] = []
         collections: list[str] = []
@@ -232,11 +287,7 @@ class ChangeRowConverter:
         for item in items:
             # Exact type checks: the cheapest dispatch in a loop that runs per document.
             kind = type(item)
-            if kind is SystemEvent:
-                if self._learner is not None:
-                    self._learner.learn(cast(SystemEvent, item))
-                continue
-            if kind is SeqnoAdvanced:
+            if kind is SystemEvent or kind is SeqnoAdvanced:
                 continue
             if kind is not Mutation and kind is not Deletion and kind is not Expiration:
                 raise TypeError(f"not a DCP item: {kind.__name__}")
@@ -245,11 +296,7 @@ class ChangeRowConverter:
             collection_id = change.collection_id
             names = names_cache.get(collection_id)
             if names is None:
-                try:
-                    names = self._names(collection_id)
-                except LookupError as exc:
-                    raise _row_error(change, str(exc)) from None
-                names_cache[collection_id] = names
+                names = self._names_of(collection_id, names_cache, _where(change))
             if change.cas > _MAX_INT64:
                 raise _row_error(change, f"cas {change.cas:#x} does not fit a signed 64-bit int")
 
@@ -321,6 +368,88 @@ class ChangeRowConverter:
             ) from exc
         return pa.RecordBatch.from_arrays(columns, schema=CHANGE_SCHEMA)
 
+    def _convert_runs(
+        self, runs: list[DocumentChanges], now: float, names_cache: dict[int, tuple[str, str]]
+    ) -> pa.RecordBatch:
+        """Rows of columnar runs: numpy and Arrow over all their rows at once."""
+        changes = (
+            runs[0].columns if len(runs) == 1 else pa.concat_batches([run.columns for run in runs])
+        )
+        vbuckets = np.repeat(
+            np.fromiter((run.vbucket for run in runs), np.int32, len(runs)),
+            np.fromiter((len(run) for run in runs), np.int64, len(runs)),
+        )
+        seqnos = _column_numpy(changes, "by_seqno")
+        opcodes = _column_numpy(changes, "opcode")
+        collection_ids = _column_numpy(changes, "collection_id")
+        cas = _column_numpy(changes, "cas")
+        rev_seqnos = _column_numpy(changes, "rev_seqno")
+
+        too_big = np.flatnonzero(cas > _MAX_INT64)
+        if too_big.size:
+            i = int(too_big[0])
+            raise ProtocolError(
+                f"{_where_row(runs, vbuckets, seqnos, opcodes, i)}: cas {int(cas[i]):#x} does "
+                "not fit a signed 64-bit int"
+            )
+        for name, numbers in (("seqno", seqnos), ("rev seqno", rev_seqnos)):
+            too_big = np.flatnonzero(numbers > _MAX_INT64)
+            if too_big.size:
+                i = int(too_big[0])
+                raise ProtocolError(
+                    f"{_where_row(runs, vbuckets, seqnos, opcodes, i)}: {name} "
+                    f"{int(numbers[i])} does not fit 64 bits"
+                )
+
+        unique_ids, indices = np.unique(collection_ids, return_inverse=True)
+        scope_names: list[str] = []
+        collection_names: list[str] = []
+        for collection_id in unique_ids.tolist():
+            first = int(np.flatnonzero(collection_ids == collection_id)[0])
+            names = names_cache.get(collection_id) or self._names_of(
+                collection_id,
+                names_cache,
+                _where_row(runs, vbuckets, seqnos, opcodes, first),
+            )
+            scope_names.append(names[0])
+            collection_names.append(names[1])
+        scopes = pa.array(scope_names, pa.string()).take(indices)
+        collections = pa.array(collection_names, pa.string()).take(indices)
+
+        is_mutation = opcodes == MUTATION_OPCODE
+        expirations = _column_numpy(changes, "expiration").astype(np.int64)
+        has_expiry = is_mutation & (expirations != 0)
+        is_delete = ~is_mutation | (has_expiry & (expirations <= now))
+        is_upsert = ~is_delete
+        is_json = _column_numpy(changes, "is_json") & is_mutation
+        values = changes.column("value")
+        xattrs = changes.column("xattrs")
+        columns = [
+            _from_numpy(vbuckets, pa.int32()),
+            scopes,
+            collections,
+            _from_numpy(collection_ids.astype(np.int64), pa.int64()),
+            _utf8_column_of(changes.column("key"), "key", runs, vbuckets, seqnos, opcodes),
+            _from_numpy(seqnos.view(np.int64), pa.int64()),
+            _from_numpy(rev_seqnos.view(np.int64), pa.int64()),
+            _from_numpy(cas.view(np.int64), pa.int64()),
+            _from_numpy(_column_numpy(changes, "flags").astype(np.int64), pa.int64(), is_mutation),
+            _from_numpy(expirations * 1_000_000, _EXPIRY_TYPE, has_expiry),
+            _ops_column(is_delete),
+            _from_numpy(is_json, pa.bool_()),
+            _utf8_column_of(
+                _masked_binary(values, is_upsert & is_json, pa.string()),
+                "JSON document",
+                runs,
+                vbuckets,
+                seqnos,
+                opcodes,
+            ),
+            _masked_binary(values, is_upsert & ~is_json, pa.binary()),
+            _xattrs_json_column(xattrs),
+        ]
+        return pa.RecordBatch.from_arrays(columns, schema=CHANGE_SCHEMA)
+
 
 def empty_change_table() -> pa.Table:
     """A table with CHANGE_SCHEMA and no rows."""
@@ -345,15 +474,121 @@ def _utf8_column(
         raise
 
 
+_EXPIRY_TYPE = CHANGE_SCHEMA.field("expiry").type
+_OP_BYTES = np.frombuffer((UPSERT + DELETE).encode(), np.uint8).reshape(2, len(UPSERT))
+assert len(UPSERT) == len(DELETE)  # the op column is built as fixed-width bytes
+
+
+def _column_numpy(batch: pa.RecordBatch, name: str) -> np.ndarray:
+    return np.asarray(batch.column(name).to_numpy(zero_copy_only=False))
+
+
+def _validity(valid: np.ndarray | None) -> pa.Buffer | None:
+    if valid is None or valid.all():
+        return None
+    return pa.py_buffer(np.packbits(valid, bitorder="little"))
+
+
+def _from_numpy(
+    values: np.ndarray, arrow_type: pa.DataType, valid: np.ndarray | None = None
+) -> pa.Array:
+    """An Arrow column over a numpy array's own buffer; null where `valid` is False."""
+    if arrow_type == pa.bool_():
+        data = pa.py_buffer(np.packbits(values, bitorder="little"))
+    else:
+        data = pa.py_buffer(np.ascontiguousarray(values))
+    return pa.Array.from_buffers(arrow_type, len(values), [_validity(valid), data])
+
+
+def _masked_binary(values: pa.Array, valid: np.ndarray, arrow_type: pa.DataType) -> pa.Array:
+    """`values` (binary) as `arrow_type`, null where `valid` is False: the same data buffers."""
+    _, offsets, data = values.buffers()
+    if values.offset and not valid.all():  # the bitmap counts from the buffers' start
+        valid = np.concatenate([np.zeros(values.offset, bool), valid])
+    return pa.Array.from_buffers(
+        arrow_type, len(values), [_validity(valid), offsets, data], offset=values.offset
+    )
+
+
+def _ops_column(is_delete: np.ndarray) -> pa.Array:
+    width = _OP_BYTES.shape[1]
+    data = _OP_BYTES[is_delete.astype(np.intp)].tobytes()
+    offsets = np.arange(0, width * len(is_delete) + 1, width, dtype=np.int32)
+    return pa.Array.from_buffers(
+        pa.string(), len(is_delete), [None, pa.py_buffer(offsets), pa.py_buffer(data)]
+    )
+
+
+def _xattrs_json_column(xattrs: pa.Array) -> pa.Array:
+    if xattrs.null_count == len(xattrs):
+        return pa.nulls(len(xattrs), pa.string())
+    return pa.array(
+        [
+            None if pairs is None else _xattrs_json(tuple((p["name"], p["value"]) for p in pairs))
+            for pairs in xattrs.to_pylist()
+        ],
+        pa.string(),
+    )
+
+
+def _utf8_column_of(
+    raw: pa.Array,
+    what: str,
+    runs: list[DocumentChanges],
+    vbuckets: np.ndarray,
+    seqnos: np.ndarray,
+    opcodes: np.ndarray,
+) -> pa.Array:
+    """`raw` as a string column; ProtocolError naming the first row that is not UTF-8."""
+    text = (
+        raw
+        if raw.type == pa.string()
+        else pa.Array.from_buffers(pa.string(), len(raw), raw.buffers(), offset=raw.offset)
+    )
+    try:
+        text.validate(full=True)
+    except pa.ArrowInvalid:
+        for index, value in enumerate(raw.cast(pa.binary()).to_pylist()):
+            if value is None:
+                continue
+            try:
+                value.decode("utf-8")
+            except UnicodeDecodeError:
+                where = f"vbucket {int(vbuckets[index])}: seqno {int(seqnos[index])}"
+                raise ProtocolError(f"{where}: {what} is not valid UTF-8") from None
+        raise
+    return text
+
+
+def _where_row(
+    runs: list[DocumentChanges],
+    vbuckets: np.ndarray,
+    seqnos: np.ndarray,
+    opcodes: np.ndarray,
+    index: int,
+) -> str:
+    kind = _KIND_NAMES.get(int(opcodes[index]), "item")
+    return f"vbucket {int(vbuckets[index])}: {kind} seqno {int(seqnos[index])}"
+
+
+_KIND_NAMES = {
+    MUTATION_OPCODE: "Mutation",
+    DELETION_OPCODE: "Deletion",
+    EXPIRATION_OPCODE: "Expiration",
+}
+
+
+def _where(change: Mutation | Deletion | Expiration) -> str:
+    return f"vbucket {change.vbucket}: {type(change).__name__} seqno {change.by_seqno}"
+
+
 def _xattrs_json(xattrs: tuple[tuple[str, str], ...]) -> str:
     # Xattr values are JSON already (the server enforces it): embed them as they are.
     return "{" + ",".join(json.dumps(name) + ":" + value for name, value in xattrs) + "}"
 
 
 def _row_error(change: Mutation | Deletion | Expiration, problem: str) -> ProtocolError:
-    return ProtocolError(
-        f"vbucket {change.vbucket}: {type(change).__name__} seqno {change.by_seqno}: {problem}"
-    )
+    return ProtocolError(f"{_where(change)}: {problem}")
 
 
 def _hex_uid(raw: object, what: str) -> int:

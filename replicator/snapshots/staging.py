@@ -28,11 +28,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from replicator.dcp.events import (
     Deletion,
+    DocumentChanges,
     Expiration,
     ItemEvent,
     Mutation,
@@ -657,7 +659,14 @@ class StreamStager:
         """Assemble one event into its vbucket's chunk; return the snapshot it completed."""
         completed = self._assembler.feed(event)
         vbucket = event.vbucket
-        if isinstance(event, Mutation | Deletion | Expiration | SystemEvent):
+        if type(event) is DocumentChanges:
+            chunk = self._chunk(vbucket)
+            chunk.items.append(event)
+            chunk.rows += len(event)
+            size = _RUN_ROW_OVERHEAD * len(event) + _binary_bytes(event)
+            chunk.bytes += size
+            self._chunked_bytes += size
+        elif isinstance(event, Mutation | Deletion | Expiration | SystemEvent):
             # System events ride along so the converter learns collection names in order.
             chunk = self._chunk(vbucket)
             chunk.items.append(event)
@@ -733,7 +742,7 @@ class _Chunk:
     `completions` are (rows of this chunk before the snapshot's end, snapshot), in order.
     """
 
-    items: list[ItemEvent] = field(default_factory=list)
+    items: list[ItemEvent | DocumentChanges] = field(default_factory=list)
     rows: int = 0
     bytes: int = 0
     completions: list[tuple[int, CompleteSnapshot]] = field(default_factory=list)
@@ -744,6 +753,20 @@ def _voids_partial(event: StreamEvent) -> bool:
     if isinstance(event, StreamEnd):
         return event.reason is not StreamEndReason.OK
     return isinstance(event, StreamOpened | RollbackRequired)
+
+
+_RUN_ROW_OVERHEAD = 64
+"""Bytes per row of a columnar run besides its keys and values: the numeric columns, roughly."""
+
+
+def _binary_bytes(run: DocumentChanges) -> int:
+    """Bytes of the run's keys and values (offsets arithmetic: no pass over the rows)."""
+    total = 0
+    for name in ("key", "value"):
+        column = run.columns.column(name)
+        offsets = np.frombuffer(column.buffers()[1], np.int32)
+        total += int(offsets[column.offset + len(column)] - offsets[column.offset])
+    return total
 
 
 def _approximate_size(item: Mutation | Deletion | Expiration | SystemEvent) -> int:

@@ -731,22 +731,46 @@ def test_tiny_window_never_stalls_when_the_layer_above_acknowledges() -> None:
 
 
 def test_a_read_split_across_polls_hands_each_batch_its_own_bytes(peer: ScriptedPeer) -> None:
-    """One socket read queues as one entry; `max_events` splits it, and each batch's receipt
-    holds exactly the wire bytes of its events (over-acknowledging would over-open a window)."""
+    """One socket read queues as one entry; `max_events` splits it between events (a run of
+    data messages stays whole), and each batch's receipt holds exactly the wire bytes of its
+    messages (over-acknowledging would over-open a window)."""
     with make_client(peer) as client:
         session, opaque = open_and_stream(client, peer, 0)
-        wire = [_encoded(session, seqno, opaque) for seqno in range(1, 31)]
+        Consumer(client).until(has(StreamOpened))
+        sizes: dict[tuple[str, int], int] = {}
+        wire: list[bytes] = []
+        for start in range(1, 31, 5):  # six snapshots of five mutations: six runs
+            marker = encode_dcp_message(
+                SnapshotMarker(0, start, start + 4, SnapshotFlags.MEMORY),
+                opaque=opaque,
+                features=session.features,
+            )
+            wire.append(marker)
+            sizes["marker", start] = len(marker)
+            for seqno in range(start, start + 5):
+                wire.append(_encoded(session, seqno, opaque))
+                sizes["mutation", seqno] = len(wire[-1])
         session.send_raw(b"".join(wire))  # one send: read (and handed up) at once
         seen: list[int] = []
+        batches = 0
         deadline = time.monotonic() + 10.0
         while len(seen) < 30 and time.monotonic() < deadline:
             batch = client.poll(timeout=0.5, max_events=7)
-            items = [e for e in batch if isinstance(e, Mutation)]
-            assert len(batch) <= 7
-            assert batch.receipt.total_bytes == sum(len(wire[e.by_seqno - 1]) for e in items)
-            seen += [e.by_seqno for e in items]
+            if not batch:
+                continue
+            batches += 1
+            messages = list(batch)
+            assert len(batch) == len(messages) <= 7
+            items = [e.by_seqno for e in messages if isinstance(e, Mutation)]
+            markers = [e.start_seqno for e in messages if isinstance(e, SnapshotMarker)]
+            expected = sum(sizes["mutation", seqno] for seqno in items) + sum(
+                sizes["marker", start] for start in markers
+            )
+            assert batch.receipt.total_bytes == expected
+            seen += items
             client.acknowledge(batch)
         assert seen == list(range(1, 31))
+        assert batches >= 36 // 7
         assert client.queued_bytes == 0
 
 

@@ -31,6 +31,7 @@ from replicator.dcp.codec import (
 )
 from replicator.dcp.connection import ConnectionOptions, Delivered, NodeConnection, TlsSettings
 from replicator.dcp.events import (
+    DocumentChanges,
     Mutation,
     SnapshotFlags,
     SnapshotMarker,
@@ -63,6 +64,10 @@ CREDENTIALS = Credentials("dcp", PASSWORD)
 FAST = ConnectionOptions(connect_timeout=2.0, request_timeout=2.0)
 
 
+def _count(message: object) -> int:
+    return len(message) if isinstance(message, DocumentChanges) else 1
+
+
 class Recorder:
     """A ConnectionListener that records and lets tests wait on what arrives."""
 
@@ -77,8 +82,21 @@ class Recorder:
     def on_messages(self, connection: NodeConnection, messages: Sequence[Delivered]) -> None:
         with self._cond:
             self.messages.extend(messages)
-            self.timeline.append(len(messages))
+            self.timeline.append(sum(_count(message) for message, _, _ in messages))
             self._cond.notify_all()
+
+    @property
+    def events(self) -> list[object]:
+        """Every message handed up, data runs taken apart into typed events."""
+        with self._cond:
+            delivered = list(self.messages)
+        expanded: list[object] = []
+        for message, _, _ in delivered:
+            if isinstance(message, DocumentChanges):
+                expanded.extend(message.events())
+            else:
+                expanded.append(message)
+        return expanded
 
     def on_cluster_map_notification(
         self, connection: NodeConnection, notification: ClustermapChangeNotification
@@ -385,8 +403,8 @@ def test_messages_are_handed_up_in_order_and_counted(peer: ScriptedPeer) -> None
         session.send_event(marker, opaque=opaque)
         session.send_noop()
         session.send_event(mutation, opaque=opaque)
-        recorder.wait(lambda: len(recorder.messages) == 2)
-        assert [m for m, _, _ in recorder.messages] == [marker, mutation]
+        recorder.wait(lambda: len(recorder.events) == 2)
+        assert recorder.events == [marker, mutation]
         assert all(frame_opaque == opaque for _, frame_opaque, _ in recorder.messages)
         total = sum(size for _, _, size in recorder.messages)
         assert connection.flow_control.unacknowledged_bytes == total
@@ -414,8 +432,12 @@ def test_the_messages_of_one_read_are_handed_up_at_once_split_at_other_frames(
         # One write: the marker, two mutations, a cluster-map push, two more mutations.
         push = encode_server_request(ClustermapChangeNotification("default", 9, 1, b""))
         session.send_raw(b"".join([*map(wire, events[:3]), push, *map(wire, events[3:])]))
-        recorder.wait(lambda: len(recorder.messages) == 5 and len(recorder.notifications) == 1)
-        assert [m for m, _, _ in recorder.messages] == events
+        recorder.wait(lambda: len(recorder.events) == 5 and len(recorder.notifications) == 1)
+        assert recorder.events == events
+        # The push ends the run of data messages: the mutations before it and after it are
+        # handed up as separate runs.
+        runs = [m for m, _, _ in recorder.messages if isinstance(m, DocumentChanges)]
+        assert [len(run) for run in runs] in ([2, 2], [1, 1, 2], [2, 1, 1], [1, 1, 1, 1])
         # Messages before the push go up before it; the rest after it, not one call each
         # (TCP may still split the write: at most two more calls then).
         timeline = recorder.timeline[delivered_before:]
@@ -437,12 +459,18 @@ def test_buffer_ack_sent_once_staged_bytes_reach_a_fifth_of_the_window() -> None
         try:
             session = peer.dcp_session()
             opaque = open_stream(connection, session)
-            for seqno in range(1, 6):
-                session.send_event(
-                    Mutation(0, seqno, 1, 1, 0, 0, 0, 0, b"k", b"x" * 40, False), opaque=opaque
-                )
-            recorder.wait(lambda: len(recorder.messages) == 5)
-            sizes = [size for _, _, size in recorder.messages]
+            mutations = [
+                Mutation(0, seqno, 1, 1, 0, 0, 0, 0, b"k", b"x" * 40, False)
+                for seqno in range(1, 6)
+            ]
+            for mutation in mutations:
+                session.send_event(mutation, opaque=opaque)
+            recorder.wait(lambda: len(recorder.events) == 5)
+            sizes = [
+                len(encode_dcp_message(m, opaque=opaque, features=session.features))
+                for m in mutations
+            ]
+            assert sum(size for _, _, size in recorder.messages) == sum(sizes)
             assert connection.acknowledge(sizes[0]) == 0  # below 200 bytes
             assert connection.acknowledge(sizes[1] + sizes[2]) == sum(sizes[:3])
             acks = session.wait_for(BufferAck)
@@ -488,7 +516,7 @@ def test_malformed_frame_closes_the_connection_and_nothing_after_it_is_handed_up
     error = recorder.lost[0]
     assert isinstance(error, ProtocolError)
     assert error.opcode == Opcode.DCP_MUTATION
-    assert [m for m, _, _ in recorder.messages] == [good]
+    assert recorder.events == [good]
     assert not connection.is_open and connection.failure is error
     session.closed.wait(5)
     assert session.closed.is_set()  # the socket was closed too

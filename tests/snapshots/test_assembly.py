@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from replicator.dcp.events import (
     Deletion,
@@ -24,6 +28,7 @@ from replicator.dcp.events import (
 from replicator.dcp.positions import FailoverLog
 from replicator.errors import ProtocolError
 from replicator.snapshots.assembly import CompleteSnapshot, Completion, SnapshotAssembler
+from tests.dcp.runs import read_runs
 
 VB = 12
 
@@ -381,3 +386,60 @@ def test_oso_snapshot_interrupted_by_a_failed_stream_is_dropped() -> None:
 def test_negative_resume_seqno_is_rejected() -> None:
     with pytest.raises(ValueError, match="negative"):
         SnapshotAssembler().discard(VB, resume_seqno=-1)
+
+
+_STEPS = st.one_of(
+    st.tuples(st.just("marker"), st.integers(0, 30), st.integers(0, 30)),
+    st.tuples(st.just("items"), st.lists(st.integers(1, 30), min_size=1, max_size=6)),
+    st.tuples(st.just("oso"), st.sampled_from([OsoFlags.START, OsoFlags.END])),
+    st.tuples(st.just("end"), st.sampled_from([StreamEndReason.OK, StreamEndReason.TOO_SLOW])),
+)
+
+
+def _outcomes(steps: list[tuple[object, ...]], *, runs: bool) -> list[object]:
+    """What the assembler says step by step: snapshots completed (without items), then the
+    first error's text. A step that fails completes nothing (a run fails whole)."""
+    assembler = SnapshotAssembler(keep_items=False)
+    said: list[object] = []
+    try:
+        for step in steps:
+            done_in_step: list[object] = []
+            kind = step[0]
+            if kind == "items":
+                items = [mutation(seqno) for seqno in cast(list[int], step[1])]
+                fed: list[object] = list(read_runs(items)) if runs else list(items)
+            elif kind == "marker":
+                fed = [marker(cast(int, step[1]), cast(int, step[2]))]
+            elif kind == "oso":
+                fed = [OsoSnapshot(VB, cast(OsoFlags, step[1]))]
+            else:
+                fed = [StreamEnd(VB, cast(StreamEndReason, step[1]))]
+            for event in fed:
+                done = assembler.feed(event)  # type: ignore[arg-type]
+                if done is not None:
+                    done_in_step.append(done)
+            said.extend(done_in_step)
+    except ProtocolError as exc:
+        said.append(str(exc))
+    return said
+
+
+@settings(max_examples=400, deadline=None)
+@given(steps=st.lists(_STEPS, max_size=12))
+def test_runs_of_items_are_assembled_exactly_as_the_items_one_by_one(
+    steps: list[tuple[object, ...]],
+) -> None:
+    """A DocumentChanges run is checked as a whole; whatever the sequence (in order or not,
+    inside the snapshot or not, OSO or not), it completes the same snapshots and fails with
+    the same error as its items fed one by one."""
+    assert _outcomes(steps, runs=True) == _outcomes(steps, runs=False)
+
+
+def test_a_run_ending_at_the_end_seqno_completes_the_snapshot() -> None:
+    assembler = SnapshotAssembler(keep_items=False)
+    assembler.feed(marker(1, 4))
+    [run] = read_runs([mutation(2), mutation(3), mutation(4)])
+    done = assembler.feed(run)
+    assert done is not None
+    assert (done.start_seqno, done.end_seqno, done.item_count) == (1, 4, 3)
+    assert done.completed_by is Completion.END_ITEM

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
 from datetime import UTC, datetime
 
 import pyarrow as pa
@@ -26,6 +27,7 @@ from replicator.snapshots.rows import (
     CollectionRegistry,
     default_collection_names,
 )
+from tests.dcp.runs import as_runs
 
 NOW = 1_700_000_000.0
 VB = 33
@@ -47,9 +49,21 @@ def mutation(
     )
 
 
+@pytest.fixture(params=["typed events", "columnar runs"], autouse=True)
+def item_shape(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Every conversion test runs twice: on typed events and on the runs a connection makes."""
+    _SHAPE["columnar"] = request.param == "columnar runs"
+    yield
+    _SHAPE["columnar"] = False
+
+
+_SHAPE = {"columnar": False}
+
+
 def convert(*items: object, names: object = default_collection_names) -> list[dict[str, object]]:
     converter = ChangeRowConverter(names, now=lambda: NOW)  # type: ignore[arg-type]
-    batch = converter.convert(items)  # type: ignore[arg-type]
+    shaped = as_runs(items) if _SHAPE["columnar"] else list(items)
+    batch = converter.convert(shaped)  # type: ignore[arg-type]
     assert batch.schema.equals(CHANGE_SCHEMA)
     converted: list[dict[str, object]] = batch.to_pylist()
     return converted
