@@ -2,9 +2,9 @@
 
 The wire codec decodes producer messages into these types; the stream layer adds the
 lifecycle events (`StreamOpened`, `RollbackRequired`). A connection hands data messages up in
-bulk, as `DocumentChanges`: the same fields column by column, many messages per object. Values arrive already decompressed
-and with xattrs split off, and keys without their collection-id prefix: the layers above
-never see wire encodings.
+bulk, as `DocumentChanges`: the same fields column by column, many messages per object. Values
+arrive already decompressed and with xattrs split off, and keys without their collection-id
+prefix: the layers above never see wire encodings.
 """
 
 from __future__ import annotations

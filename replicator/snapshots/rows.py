@@ -15,6 +15,7 @@ from typing import Protocol, cast, runtime_checkable
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from replicator.dcp.events import (
     DELETION_OPCODE,
@@ -422,6 +423,8 @@ class ChangeRowConverter:
         is_delete = ~is_mutation | (has_expiry & (expirations <= now))
         is_upsert = ~is_delete
         is_json = _column_numpy(changes, "is_json") & is_mutation
+        # The runs are slices of whole reads' batches: the rows copy what they keep, so that
+        # staged memory is what they hold (and is counted so), not every read they came from.
         values = changes.column("value")
         xattrs = changes.column("xattrs")
         columns = [
@@ -429,23 +432,25 @@ class ChangeRowConverter:
             scopes,
             collections,
             _from_numpy(collection_ids.astype(np.int64), pa.int64()),
-            _utf8_column_of(changes.column("key"), "key", runs, vbuckets, seqnos, opcodes),
-            _from_numpy(seqnos.view(np.int64), pa.int64()),
-            _from_numpy(rev_seqnos.view(np.int64), pa.int64()),
-            _from_numpy(cas.view(np.int64), pa.int64()),
+            _utf8_column_of(
+                _owned_binary(changes.column("key")), "key", runs, vbuckets, seqnos, opcodes
+            ),
+            _from_numpy(seqnos.astype(np.int64), pa.int64()),
+            _from_numpy(rev_seqnos.astype(np.int64), pa.int64()),
+            _from_numpy(cas.astype(np.int64), pa.int64()),
             _from_numpy(_column_numpy(changes, "flags").astype(np.int64), pa.int64(), is_mutation),
             _from_numpy(expirations * 1_000_000, _EXPIRY_TYPE, has_expiry),
             _ops_column(is_delete),
             _from_numpy(is_json, pa.bool_()),
             _utf8_column_of(
-                _masked_binary(values, is_upsert & is_json, pa.string()),
+                _binary_where(values, is_upsert & is_json),
                 "JSON document",
                 runs,
                 vbuckets,
                 seqnos,
                 opcodes,
             ),
-            _masked_binary(values, is_upsert & ~is_json, pa.binary()),
+            _binary_where(values, is_upsert & ~is_json),
             _xattrs_json_column(xattrs),
         ]
         return pa.RecordBatch.from_arrays(columns, schema=CHANGE_SCHEMA)
@@ -500,14 +505,33 @@ def _from_numpy(
     return pa.Array.from_buffers(arrow_type, len(values), [_validity(valid), data])
 
 
-def _masked_binary(values: pa.Array, valid: np.ndarray, arrow_type: pa.DataType) -> pa.Array:
-    """`values` (binary) as `arrow_type`, null where `valid` is False: the same data buffers."""
-    _, offsets, data = values.buffers()
-    if values.offset and not valid.all():  # the bitmap counts from the buffers' start
-        valid = np.concatenate([np.zeros(values.offset, bool), valid])
+def _owned_binary(values: pa.Array) -> pa.Array:
+    """A binary column holding its own copy of just its values' bytes (offsets from 0).
+
+    For the key and value columns of DOCUMENT_CHANGE_SCHEMA, which have no nulls."""
+    _, offsets_buffer, data = values.buffers()
+    first = values.offset
+    offsets = np.frombuffer(offsets_buffer, np.int32)[first : first + len(values) + 1]
+    start, end = int(offsets[0]), int(offsets[-1])
     return pa.Array.from_buffers(
-        arrow_type, len(values), [_validity(valid), offsets, data], offset=values.offset
+        pa.binary(),
+        len(values),
+        [
+            None,
+            pa.py_buffer(offsets - np.int32(start)),
+            pa.py_buffer(data.slice(start, end - start).to_pybytes()),
+        ],
     )
+
+
+def _binary_where(values: pa.Array, keep: np.ndarray) -> pa.Array:
+    """The `values` where `keep`, null elsewhere: a column of its own with just those bytes
+    (a null over kept bytes would carry them into every later concatenation)."""
+    if not keep.any():
+        return pa.nulls(len(values), pa.binary())
+    if keep.all():
+        return _owned_binary(values)
+    return pc.if_else(pa.array(keep), values, pa.scalar(None, pa.binary()))
 
 
 def _ops_column(is_delete: np.ndarray) -> pa.Array:
