@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 from replicator.config import ReplicatorConfig
 from replicator.dcp.events import (
     Deletion,
+    DocumentChanges,
     Expiration,
     ItemEvent,
     Mutation,
@@ -178,7 +179,8 @@ class SourceVbucketScan:
 
     def __post_init__(self) -> None:
         self._assembler = SnapshotAssembler(keep_items=False)
-        self._chunk: list[ItemEvent] = []
+        self._chunk: list[ItemEvent | DocumentChanges] = []
+        self._chunk_rows = 0
 
     def feed(self, event: StreamEvent) -> bool:
         """Take the next event of the vbucket's stream; True when the stream is complete."""
@@ -191,9 +193,10 @@ class SourceVbucketScan:
             self._restart(event.reason)
             return False
         completed = self._assembler.feed(event)
-        if isinstance(event, Mutation | Deletion | Expiration | SystemEvent):
+        if isinstance(event, DocumentChanges | Mutation | Deletion | Expiration | SystemEvent):
             self._chunk.append(event)
-            if len(self._chunk) >= self.chunk_rows:
+            self._chunk_rows += len(event) if isinstance(event, DocumentChanges) else 1
+            if self._chunk_rows >= self.chunk_rows:
                 self._flush()
         if completed is not None:
             self._flush()
@@ -230,6 +233,7 @@ class SourceVbucketScan:
                  self.vbucket, reason.name)
         self.documents.clear()
         self._chunk.clear()
+        self._chunk_rows = 0
         self._assembler.discard(self.vbucket)
 
     def _flush(self) -> None:
@@ -237,6 +241,7 @@ class SourceVbucketScan:
             return
         rows = self.converter.convert(self._chunk)
         self._chunk = []
+        self._chunk_rows = 0
         self._absorb(rows)
 
     def _absorb(self, rows: pa.RecordBatch) -> None:
@@ -804,7 +809,7 @@ def _scan_source(
         if not active:
             break
         batch = client.poll(timeout=0.5)
-        for event in batch:
+        for event in batch.events:  # data messages in columnar runs, as the converter takes them
             reading = active.get(event.vbucket)
             if reading is not None and reading.feed(event):
                 del active[event.vbucket]

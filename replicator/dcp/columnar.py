@@ -4,7 +4,8 @@ A bucket's stream is almost all mutations (and some deletions): building a frame
 frozen event per message, then taking them apart again into Arrow columns, was most of the
 consumer's time. `DocumentColumns` sits inside the connection's `FrameReader`: the reader hands
 it every data message (DCP_MUTATION, DCP_DELETION, DCP_EXPIRATION) as the byte range it
-occupies, and it appends the message's fields to the run of its vbucket. A run ends where that
+occupies, with the header fields it already read, and the message joins the run of its vbucket:
+where its header and extras start, its key, its (decompressed) value. A run ends where that
 vbucket's stream sends anything else (a snapshot marker, a stream end, a system event), so per
 vbucket the order of runs and control messages is the wire order; any reply or server push ends
 every run, since it may change which messages the layer above accepts. After the read,
@@ -12,7 +13,7 @@ every run, since it may change which messages the layer above accepts. After the
 run.
 
 The usual message (no flexible framing, full mutation extras, plain or snappy value, no
-xattrs, a one-byte collection id) is read with one struct unpack. Anything else goes through
+xattrs, a one-byte collection id) costs a few list appends. Anything else goes through
 the codec's own decoder (`decode_dcp_message`), so the two paths cannot disagree on what is
 valid: a malformed message raises the codec's ProtocolError, and the reader still hands up the
 messages before it.

@@ -1,4 +1,4 @@
-"""Seeded codec fuzzing: hostile bytes through FrameReader and every decoder.
+"""Seeded codec fuzzing: hostile bytes through FrameReader, the columnar reader and every decoder.
 
 The only exception a decoder may raise on bad input is ProtocolError; anything else
 (struct.error, UnicodeDecodeError, a snappy error, IndexError, ...) escapes `fuzz_frames` and
@@ -31,6 +31,7 @@ from replicator.dcp.codec import (
     sasl_mechanisms_of,
     vbucket_seqnos_of,
 )
+from replicator.dcp.columnar import DocumentColumns, DocumentRun
 from replicator.dcp.events import (
     Deletion,
     Expiration,
@@ -95,8 +96,31 @@ def decode_everything(frame: Frame) -> int:
     return decoded
 
 
+def feed_columnar(chunks: list[bytes]) -> None:
+    """Feed `chunks` to a columnar reader per feature set (as a connection reads), building
+    each read's columns and taking its runs apart: only ProtocolError may escape."""
+    for features in FEATURE_SETS:
+        columns = DocumentColumns(features)
+        reader = FrameReader(max_body_size=MAX_BODY, sink=columns)
+        try:
+            for chunk in chunks:
+                entries: list[object] = list(reader.feed(chunk))
+                columns.finish()
+                for entry in entries:
+                    if isinstance(entry, DocumentRun) and entry.changes is not None:
+                        list(entry.changes.events())
+                if reader.failure is not None:
+                    break
+        except ProtocolError as exc:
+            if not str(exc):
+                raise AssertionError("a ProtocolError must say what is wrong") from exc
+
+
 def feed_chunks(chunks: list[bytes]) -> tuple[int, int, int]:
-    """Feed `chunks` to one FrameReader and decode each frame: (frames, decoded, rejected)."""
+    """Feed `chunks` to one FrameReader and decode each frame: (frames, decoded, rejected).
+
+    The same chunks go through the columnar reader too (`feed_columnar`)."""
+    feed_columnar(chunks)
     reader = FrameReader(max_body_size=MAX_BODY)
     frames = decoded = rejected = 0
     try:
