@@ -178,7 +178,7 @@ def measure_drain(
             for event in batch.events:  # data messages as columnar runs, as the stager takes them
                 if isinstance(event, DocumentChanges):
                     messages += len(event)
-                    documents += event.mutations
+                    documents += event.summary.mutations
                     continue
                 if isinstance(event, StreamOpened):
                     continue

@@ -40,6 +40,7 @@ from replicator.dcp.events import (
     DocumentChanges,
     Expiration,
     Mutation,
+    RunSummary,
 )
 from replicator.dcp.frame import HEADER_SIZE, Frame
 
@@ -239,13 +240,10 @@ class DocumentColumns:
             ],
             schema=DOCUMENT_CHANGE_SCHEMA,
         )
-        offset = 0
-        for run in runs:
-            length = len(run.keys)
+        for run, summary, offset in zip(runs, *_summaries(runs, heads, batch), strict=True):
             run.changes = DocumentChanges(
-                run.vbucket, batch.slice(offset, length), run.stream_id, length - run.other_kinds
+                run.vbucket, batch, offset, len(run.keys), summary, run.stream_id
             )
-            offset += length
 
     def _start(
         self, vbucket: int, opaque: int, stream_id: int | None, out: list[object]
@@ -311,6 +309,35 @@ _unpack_header = struct.Struct(">BBHBBHIIQ").unpack_from
 
 def _joined(parts: Iterable[Sequence[_T]]) -> list[_T]:
     return list(itertools.chain.from_iterable(parts))
+
+
+def _summaries(
+    runs: list[DocumentRun], heads: np.ndarray, batch: pa.RecordBatch
+) -> tuple[list[RunSummary], list[int]]:
+    """Every run's summary and first row, with numpy over the whole read (a run is often one
+    or two messages: per-run numpy calls would cost more than the messages)."""
+    lengths = np.fromiter((len(run.keys) for run in runs), np.int64, len(runs))
+    starts = np.zeros(len(runs), np.int64)
+    np.cumsum(lengths[:-1], out=starts[1:])
+    seqnos = heads["by_seqno"].astype(np.uint64)
+    steps_down = np.zeros(len(seqnos), np.int64)
+    steps_down[1:] = seqnos[1:] <= seqnos[:-1]
+    steps_down[starts] = 0  # a run's first row is not compared with the run before
+    data_bytes = np.zeros(len(seqnos), np.int64)
+    for name in ("key", "value"):
+        offsets = np.frombuffer(batch.column(name).buffers()[1], np.int32)
+        data_bytes += np.diff(offsets[: len(seqnos) + 1])
+    columns = (
+        seqnos[starts].tolist(),
+        seqnos[starts + lengths - 1].tolist(),
+        np.minimum.reduceat(seqnos, starts).tolist(),
+        np.maximum.reduceat(seqnos, starts).tolist(),
+        (np.add.reduceat(steps_down, starts) == 0).tolist(),
+        np.add.reduceat((heads["opcode"] == MUTATION_OPCODE).astype(np.int64), starts).tolist(),
+        np.add.reduceat(data_bytes, starts).tolist(),
+    )
+    summaries = [RunSummary(*fields) for fields in zip(*columns, strict=True)]
+    return summaries, starts.tolist()
 
 
 def _numbers(values: np.ndarray, arrow_type: pa.DataType) -> pa.Array:

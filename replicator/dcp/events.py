@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from replicator.dcp.opcodes import Opcode
 from replicator.dcp.positions import FailoverLog
@@ -231,40 +232,74 @@ EXPIRATION_OPCODE = int(Opcode.DCP_EXPIRATION)
 
 
 @dataclass(frozen=True, slots=True)
+class RunSummary:
+    """What the layers above ask of a run before they look at its rows.
+
+    Seqnos first and last in stream order, lowest and highest; whether they strictly ascend;
+    how many rows are mutations; the bytes of the keys and values.
+    """
+
+    first_seqno: int
+    last_seqno: int
+    low_seqno: int
+    high_seqno: int
+    ascending: bool
+    mutations: int
+    data_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
 class DocumentChanges:
     """Consecutive data messages of one vbucket's stream, column by column.
 
     The connection hands mutations, deletions and expirations up this way (one Arrow batch per
     socket read, sliced per vbucket) instead of one object per message: see
     `replicator.dcp.columnar`. `columns` has DOCUMENT_CHANGE_SCHEMA, one row per message in
-    stream order (the snapshot assembler checks their seqnos). `events()` gives the same
-    messages as typed events, for readers that want them one by one.
+    stream order (the snapshot assembler checks their seqnos), at least one row: rows
+    `offset` .. `offset + length` of `batch`, the batch of the whole socket read, which bulk
+    readers take rows from for many runs at once. `summary` is computed for all runs of a read
+    at once; `DocumentChanges.of` computes it for one. `events()` gives the same messages as
+    typed events, for readers that want them one by one.
     """
 
     vbucket: int
-    columns: pa.RecordBatch
+    batch: pa.RecordBatch
+    offset: int
+    length: int
+    summary: RunSummary
     stream_id: int | None = None
-    mutation_count: int = -1
-    """How many rows are mutations (-1: not counted; `mutations` counts then)."""
+
+    @property
+    def columns(self) -> pa.RecordBatch:
+        """The run's own rows."""
+        return self.batch.slice(self.offset, self.length)
+
+    @classmethod
+    def of(
+        cls, vbucket: int, columns: pa.RecordBatch, stream_id: int | None = None
+    ) -> DocumentChanges:
+        """A run of `columns` (DOCUMENT_CHANGE_SCHEMA, at least one row), summary computed."""
+        if not columns.num_rows:
+            raise ValueError("a run of document changes has at least one row")
+        seqnos = columns.column("by_seqno").to_numpy()
+        opcodes = columns.column("opcode").to_numpy()
+        data_bytes = sum(
+            int(pc.sum(pc.binary_length(columns.column(name))).as_py() or 0)
+            for name in ("key", "value")
+        )
+        summary = RunSummary(
+            first_seqno=int(seqnos[0]),
+            last_seqno=int(seqnos[-1]),
+            low_seqno=int(seqnos.min()),
+            high_seqno=int(seqnos.max()),
+            ascending=bool((seqnos[1:] > seqnos[:-1]).all()),
+            mutations=int((opcodes == MUTATION_OPCODE).sum()),
+            data_bytes=data_bytes,
+        )
+        return cls(vbucket, columns, 0, int(columns.num_rows), summary, stream_id)
 
     def __len__(self) -> int:
-        return int(self.columns.num_rows)
-
-    @property
-    def mutations(self) -> int:
-        """How many rows are mutations (the rest are deletions and expirations)."""
-        if self.mutation_count >= 0:
-            return self.mutation_count
-        opcodes = self.columns.column(0).to_numpy()
-        return int((opcodes == MUTATION_OPCODE).sum())
-
-    @property
-    def first_seqno(self) -> int:
-        return int(self.columns.column(1)[0].as_py())
-
-    @property
-    def last_seqno(self) -> int:
-        return int(self.columns.column(1)[-1].as_py())
+        return self.length
 
     def events(self) -> Iterator[Mutation | Deletion | Expiration]:
         """The messages as typed events, in stream order."""

@@ -221,28 +221,25 @@ class SnapshotAssembler:
 
     def _accept_run(self, state: _VbucketAssembly, run: DocumentChanges) -> CompleteSnapshot | None:
         snapshot = state.open
-        seqnos = run.columns.column(1).to_numpy()
-        if snapshot is None or self._keep_items or not len(seqnos):
+        summary = run.summary
+        if snapshot is None or self._keep_items:
             return self._accept_each(run)
-        first, last = int(seqnos[0]), int(seqnos[-1])
-        low, high = int(seqnos.min()), int(seqnos.max())
-        if state.completed_end is not None and low <= state.completed_end:
+        if state.completed_end is not None and summary.low_seqno <= state.completed_end:
             return self._accept_each(run)
         if snapshot.is_oso:
-            snapshot.end_seqno = max(snapshot.end_seqno, high)
-            if snapshot.min_seqno is None or low < snapshot.min_seqno:
-                snapshot.min_seqno = low
-        else:
-            if (
-                first < snapshot.start_seqno
-                or last > snapshot.end_seqno
-                or (snapshot.last_seqno is not None and first <= snapshot.last_seqno)
-                or not bool((seqnos[1:] > seqnos[:-1]).all())
-            ):
-                return self._accept_each(run)
-        snapshot.last_seqno = last
-        snapshot.item_count += len(seqnos)
-        if not snapshot.is_oso and last == snapshot.end_seqno:
+            snapshot.end_seqno = max(snapshot.end_seqno, summary.high_seqno)
+            if snapshot.min_seqno is None or summary.low_seqno < snapshot.min_seqno:
+                snapshot.min_seqno = summary.low_seqno
+        elif (
+            not summary.ascending
+            or summary.first_seqno < snapshot.start_seqno
+            or summary.last_seqno > snapshot.end_seqno
+            or (snapshot.last_seqno is not None and summary.first_seqno <= snapshot.last_seqno)
+        ):
+            return self._accept_each(run)
+        snapshot.last_seqno = summary.last_seqno
+        snapshot.item_count += len(run)
+        if not snapshot.is_oso and summary.last_seqno == snapshot.end_seqno:
             return self._complete(state, Completion.END_ITEM)
         return None
 

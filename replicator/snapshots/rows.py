@@ -373,9 +373,7 @@ class ChangeRowConverter:
         self, runs: list[DocumentChanges], now: float, names_cache: dict[int, tuple[str, str]]
     ) -> pa.RecordBatch:
         """Rows of columnar runs: numpy and Arrow over all their rows at once."""
-        changes = (
-            runs[0].columns if len(runs) == 1 else pa.concat_batches([run.columns for run in runs])
-        )
+        changes = _rows_of(runs)
         vbuckets = np.repeat(
             np.fromiter((run.vbucket for run in runs), np.int32, len(runs)),
             np.fromiter((len(run) for run in runs), np.int64, len(runs)),
@@ -414,8 +412,10 @@ class ChangeRowConverter:
             )
             scope_names.append(names[0])
             collection_names.append(names[1])
-        scopes = pa.array(scope_names, pa.string()).take(indices)
-        collections = pa.array(collection_names, pa.string()).take(indices)
+        # Arrow arrays, not numpy, for take: pyarrow converts numpy through pandas (an import).
+        taken = _from_numpy(indices.astype(np.int64), pa.int64())
+        scopes = pa.array(scope_names, pa.string()).take(taken)
+        collections = pa.array(collection_names, pa.string()).take(taken)
 
         is_mutation = opcodes == MUTATION_OPCODE
         expirations = _column_numpy(changes, "expiration").astype(np.int64)
@@ -423,8 +423,6 @@ class ChangeRowConverter:
         is_delete = ~is_mutation | (has_expiry & (expirations <= now))
         is_upsert = ~is_delete
         is_json = _column_numpy(changes, "is_json") & is_mutation
-        # The runs are slices of whole reads' batches: the rows copy what they keep, so that
-        # staged memory is what they hold (and is counted so), not every read they came from.
         values = changes.column("value")
         xattrs = changes.column("xattrs")
         columns = [
@@ -432,9 +430,7 @@ class ChangeRowConverter:
             scopes,
             collections,
             _from_numpy(collection_ids.astype(np.int64), pa.int64()),
-            _utf8_column_of(
-                _owned_binary(changes.column("key")), "key", runs, vbuckets, seqnos, opcodes
-            ),
+            _utf8_column_of(changes.column("key"), "key", runs, vbuckets, seqnos, opcodes),
             _from_numpy(seqnos.astype(np.int64), pa.int64()),
             _from_numpy(rev_seqnos.astype(np.int64), pa.int64()),
             _from_numpy(cas.astype(np.int64), pa.int64()),
@@ -484,8 +480,22 @@ _OP_BYTES = np.frombuffer((UPSERT + DELETE).encode(), np.uint8).reshape(2, len(U
 assert len(UPSERT) == len(DELETE)  # the op column is built as fixed-width bytes
 
 
+_NUMPY_TYPES = {
+    pa.uint8(): np.uint8,
+    pa.uint32(): np.uint32,
+    pa.uint64(): np.uint64,
+}
+
+
 def _column_numpy(batch: pa.RecordBatch, name: str) -> np.ndarray:
-    return np.asarray(batch.column(name).to_numpy(zero_copy_only=False))
+    """A column of DOCUMENT_CHANGE_SCHEMA (no nulls) over its own buffer, without a copy (and
+    without `to_numpy`, which for booleans goes through pandas)."""
+    column = batch.column(name)
+    first, end = column.offset, column.offset + len(column)
+    if column.type == pa.bool_():
+        bits = np.frombuffer(column.buffers()[1], np.uint8)
+        return np.unpackbits(bits, bitorder="little")[first:end].astype(bool)
+    return np.frombuffer(column.buffers()[1], _NUMPY_TYPES[column.type])[first:end]
 
 
 def _validity(valid: np.ndarray | None) -> pa.Buffer | None:
@@ -505,23 +515,26 @@ def _from_numpy(
     return pa.Array.from_buffers(arrow_type, len(values), [_validity(valid), data])
 
 
-def _owned_binary(values: pa.Array) -> pa.Array:
-    """A binary column holding its own copy of just its values' bytes (offsets from 0).
+def _rows_of(runs: list[DocumentChanges]) -> pa.RecordBatch:
+    """The runs' rows, in run order, in buffers of their own: one `take` over the reads' batches.
 
-    For the key and value columns of DOCUMENT_CHANGE_SCHEMA, which have no nulls."""
-    _, offsets_buffer, data = values.buffers()
-    first = values.offset
-    offsets = np.frombuffer(offsets_buffer, np.int32)[first : first + len(values) + 1]
-    start, end = int(offsets[0]), int(offsets[-1])
-    return pa.Array.from_buffers(
-        pa.binary(),
-        len(values),
-        [
-            None,
-            pa.py_buffer(offsets - np.int32(start)),
-            pa.py_buffer(data.slice(start, end - start).to_pybytes()),
-        ],
-    )
+    A run is often a message or two; concatenating hundreds of one-row slices costs far more
+    than gathering their rows. The copy also matters: staged rows must hold (and be counted
+    as) their own bytes, not every read they came from.
+    """
+    bases: dict[int, int] = {}
+    batches: list[pa.RecordBatch] = []
+    for run in runs:
+        if id(run.batch) not in bases:
+            bases[id(run.batch)] = sum(batch.num_rows for batch in batches)
+            batches.append(run.batch)
+    lengths = np.fromiter((run.length for run in runs), np.int64, len(runs))
+    starts = np.fromiter((bases[id(run.batch)] + run.offset for run in runs), np.int64, len(runs))
+    firsts = np.zeros(len(runs), np.int64)
+    np.cumsum(lengths[:-1], out=firsts[1:])
+    indices = np.repeat(starts - firsts, lengths) + np.arange(int(lengths.sum()), dtype=np.int64)
+    source = batches[0] if len(batches) == 1 else pa.concat_batches(batches)
+    return source.take(_from_numpy(indices, pa.int64()))
 
 
 def _binary_where(values: pa.Array, keep: np.ndarray) -> pa.Array:
@@ -530,8 +543,8 @@ def _binary_where(values: pa.Array, keep: np.ndarray) -> pa.Array:
     if not keep.any():
         return pa.nulls(len(values), pa.binary())
     if keep.all():
-        return _owned_binary(values)
-    return pc.if_else(pa.array(keep), values, pa.scalar(None, pa.binary()))
+        return values
+    return pc.if_else(_from_numpy(keep, pa.bool_()), values, pa.scalar(None, pa.binary()))
 
 
 def _ops_column(is_delete: np.ndarray) -> pa.Array:

@@ -28,7 +28,6 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -663,7 +662,7 @@ class StreamStager:
             chunk = self._chunk(vbucket)
             chunk.items.append(event)
             chunk.rows += len(event)
-            size = _RUN_ROW_OVERHEAD * len(event) + _binary_bytes(event)
+            size = _RUN_ROW_OVERHEAD * len(event) + event.summary.data_bytes
             chunk.bytes += size
             self._chunked_bytes += size
         elif isinstance(event, Mutation | Deletion | Expiration | SystemEvent):
@@ -757,16 +756,6 @@ def _voids_partial(event: StreamEvent) -> bool:
 
 _RUN_ROW_OVERHEAD = 64
 """Bytes per row of a columnar run besides its keys and values: the numeric columns, roughly."""
-
-
-def _binary_bytes(run: DocumentChanges) -> int:
-    """Bytes of the run's keys and values (offsets arithmetic: no pass over the rows)."""
-    total = 0
-    for name in ("key", "value"):
-        column = run.columns.column(name)
-        offsets = np.frombuffer(column.buffers()[1], np.int32)
-        total += int(offsets[column.offset + len(column)] - offsets[column.offset])
-    return total
 
 
 def _approximate_size(item: Mutation | Deletion | Expiration | SystemEvent) -> int:

@@ -120,12 +120,15 @@ def test_a_read_of_many_vbuckets_gives_one_run_per_vbucket_in_wire_order_within_
     entries = read(wire(messages, COLLECTIONS, compress=True), COLLECTIONS)
     assert [type(e) for e in entries] == [DocumentRun, DocumentRun]
     runs = [e.changes for e in entries if isinstance(e, DocumentRun)]
-    assert [(r.vbucket, len(r), r.first_seqno, r.last_seqno) for r in runs if r] == [
+    summaries = [
+        (r.vbucket, len(r), r.summary.first_seqno, r.summary.last_seqno) for r in runs if r
+    ]
+    assert summaries == [
         (3, 4, 1, 4),
         (9, 4, 1, 4),
     ]
     first = runs[0]
-    assert first is not None and first.mutations == 4
+    assert first is not None and first.summary.mutations == 4
     assert list(first.events()) == [m for m in messages if getattr(m, "vbucket", None) == 3]
 
 
@@ -164,7 +167,7 @@ def test_deletions_expirations_and_xattrs_ride_in_the_same_run() -> None:
     changes = entries[0].changes
     assert changes is not None
     assert list(changes.events()) == messages
-    assert changes.mutations == 2
+    assert changes.summary.mutations == 2
     columns = changes.columns.to_pydict()
     assert columns["delete_time"] == [0, 1_700_000_000, 1_700_000_001, 0]
     assert columns["expiration"] == [0, 0, 0, 1_900_000_000]
@@ -251,9 +254,25 @@ def test_a_noop_between_data_messages_does_not_split_the_run() -> None:
     assert isinstance(run, DocumentRun) and len(run.keys) == 2
 
 
-def test_document_changes_count_their_mutations_when_not_told() -> None:
-    entries = read(wire([mutation(1, 1), Deletion(1, 2, 1, 1, 0, b"k")], COLLECTIONS), COLLECTIONS)
-    run = entries[0]
-    assert isinstance(run, DocumentRun) and run.changes is not None
-    counted = DocumentChanges(1, run.changes.columns)
-    assert counted.mutations == run.changes.mutations == 1
+def test_the_summaries_of_a_whole_read_equal_each_run_summarised_alone() -> None:
+    """`finish` summarises all runs of a read at once; `DocumentChanges.of` one at a time."""
+    messages: list[ProducerMessage] = [
+        mutation(1, 5),
+        mutation(2, 9, key=b"a-longer-key"),
+        Deletion(1, 7, 1, 1, 0, b"k"),
+        mutation(2, 8),  # not ascending: the assembler will refuse it, the summary says so
+        Expiration(1, 6, 1, 1, 0, b"kk", 3),
+        mutation(3, 1, value=b"v" * 300),
+    ]
+    entries = read(wire(messages, COLLECTIONS, compress=True), COLLECTIONS)
+    runs = [e.changes for e in entries if isinstance(e, DocumentRun) and e.changes]
+    assert [r.vbucket for r in runs] == [1, 2, 3]
+    for run in runs:
+        assert run.summary == DocumentChanges.of(run.vbucket, run.columns).summary
+    assert [(r.summary.low_seqno, r.summary.high_seqno, r.summary.ascending) for r in runs] == [
+        (5, 7, False),
+        (8, 9, False),
+        (1, 1, True),
+    ]
+    assert [r.summary.mutations for r in runs] == [1, 2, 1]
+    assert runs[2].summary.data_bytes == len(b"doc-1") + 300
