@@ -323,29 +323,13 @@ class DocumentChanges:
                     xattrs,
                     stream_id,
                 )
-            elif opcode == DELETION_OPCODE:
-                yield Deletion(
-                    vbucket,
-                    row["by_seqno"],
-                    row["rev_seqno"],
-                    row["cas"],
-                    row["collection_id"],
-                    row["key"],
-                    row["delete_time"],
-                    xattrs,
-                    stream_id,
-                )
             else:
-                yield Expiration(
-                    vbucket,
-                    row["by_seqno"],
-                    row["rev_seqno"],
-                    row["cas"],
-                    row["collection_id"],
-                    row["key"],
-                    row["delete_time"],
-                    stream_id,
-                )
+                removal = (vbucket, row["by_seqno"], row["rev_seqno"], row["cas"],
+                           row["collection_id"], row["key"], row["delete_time"])  # fmt: skip
+                if opcode == DELETION_OPCODE:
+                    yield Deletion(*removal, xattrs, stream_id)
+                else:
+                    yield Expiration(*removal, stream_id)
 
 
 ItemEvent = Mutation | Deletion | Expiration | SystemEvent | SeqnoAdvanced

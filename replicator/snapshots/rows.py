@@ -464,15 +464,23 @@ def _utf8_column(
     try:
         return pa.array(raw, pa.binary()).cast(pa.string())
     except pa.ArrowInvalid:
-        for index, value in enumerate(raw):
-            if value is None:
-                continue
-            try:
-                value.decode("utf-8")
-            except UnicodeDecodeError:
-                where = f"vbucket {vbuckets[index]}: seqno {seqnos[index]}"
-                raise ProtocolError(f"{where}: {what} is not valid UTF-8") from None
-        raise
+        index = _first_not_utf8(raw)
+        if index is None:
+            raise
+        where = f"vbucket {vbuckets[index]}: seqno {seqnos[index]}"
+        raise ProtocolError(f"{where}: {what} is not valid UTF-8") from None
+
+
+def _first_not_utf8(values: Iterable[bytes | None]) -> int | None:
+    """Where the first value that is not UTF-8 is (None: all are)."""
+    for index, value in enumerate(values):
+        if value is None:
+            continue
+        try:
+            value.decode("utf-8")
+        except UnicodeDecodeError:
+            return index
+    return None
 
 
 _EXPIRY_TYPE = CHANGE_SCHEMA.field("expiry").type
@@ -585,15 +593,11 @@ def _utf8_column_of(
     try:
         text.validate(full=True)
     except pa.ArrowInvalid:
-        for index, value in enumerate(raw.cast(pa.binary()).to_pylist()):
-            if value is None:
-                continue
-            try:
-                value.decode("utf-8")
-            except UnicodeDecodeError:
-                where = f"vbucket {int(vbuckets[index])}: seqno {int(seqnos[index])}"
-                raise ProtocolError(f"{where}: {what} is not valid UTF-8") from None
-        raise
+        index = _first_not_utf8(raw.cast(pa.binary()).to_pylist())
+        if index is None:
+            raise
+        where = f"vbucket {int(vbuckets[index])}: seqno {int(seqnos[index])}"
+        raise ProtocolError(f"{where}: {what} is not valid UTF-8") from None
     return text
 
 
