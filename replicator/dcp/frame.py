@@ -244,6 +244,27 @@ def stream_id_frame_info(stream_id: int) -> bytes:
     return bytes((_STREAM_ID_INFO_TAG,)) + _U16.pack(stream_id)
 
 
+def with_stream_id(frame: bytes, stream_id: int) -> bytes:
+    """A classic request frame re-framed flexibly with a DCP stream id (key under 256 bytes)."""
+    if frame[0] != Magic.REQUEST:
+        raise ValueError(f"magic 0x{frame[0]:02x}: only classic requests take a stream id")
+    key_length = _U16.unpack_from(frame, 2)[0]
+    if key_length > 0xFF:
+        raise ValueError(f"a key of {key_length} bytes does not fit flexible framing")
+    info = stream_id_frame_info(stream_id)
+    body_length = struct.unpack_from(">I", frame, 8)[0] + len(info)
+    return b"".join(
+        (
+            bytes((Magic.FLEX_REQUEST, frame[1], len(info), key_length)),
+            frame[4:8],
+            struct.pack(">I", body_length),
+            frame[12:HEADER_SIZE],
+            info,
+            frame[HEADER_SIZE:],
+        )
+    )
+
+
 def stream_id_of(framing_extras: bytes, *, opcode: int | None = None) -> int | None:
     """The DCP stream id in framing extras, None when absent; ProtocolError when malformed."""
     if len(framing_extras) == 3 and framing_extras[0] == _STREAM_ID_INFO_TAG:

@@ -129,27 +129,57 @@ _JSON = int(Datatype.JSON)
 _UNDERLYING_DATATYPE = DcpOpenFlags.NO_VALUE_WITH_UNDERLYING_DATATYPE
 
 
+StreamKey = tuple[int, int]
+"""(vbucket, stream id): the stream id is 0 on a connection without enable_stream_id."""
+
+
 @dataclass(slots=True)
 class DcpState:
     """What DCP_OPEN and DCP_CONTROL set on a connection, and its open streams.
 
-    `ready` lists, round-robin, the vbuckets whose streams may have something to send.
+    `streams` are keyed by (vbucket, stream id): with enable_stream_id a vbucket may have
+    several. `ready` lists, round-robin, the streams that may have something to send.
     """
 
     name: str
     flags: DcpOpenFlags
     settings: ProducerSettings = field(default_factory=ProducerSettings)
-    streams: dict[int, ProducerStream] = field(default_factory=dict)
-    ready: deque[int] = field(default_factory=deque)
-    ready_set: set[int] = field(default_factory=set)
+    streams: dict[StreamKey, ProducerStream] = field(default_factory=dict)
+    ready: deque[StreamKey] = field(default_factory=deque)
+    ready_set: set[StreamKey] = field(default_factory=set)
     unacked_bytes: int = 0
     any_stream_opened: bool = False
+    _by_vbucket: dict[int, set[StreamKey]] = field(default_factory=dict)
 
-    def mark_ready(self, vbucket: int) -> None:
-        """Queue the vbucket's stream for the next turn of serving (once)."""
-        if vbucket not in self.ready_set:
-            self.ready_set.add(vbucket)
-            self.ready.append(vbucket)
+    def mark_ready(self, key: StreamKey) -> None:
+        """Queue the stream for the next turn of serving (once)."""
+        if key not in self.ready_set:
+            self.ready_set.add(key)
+            self.ready.append(key)
+
+    def add_stream(self, key: StreamKey, stream: ProducerStream) -> None:
+        self.streams[key] = stream
+        self._by_vbucket.setdefault(key[0], set()).add(key)
+
+    def remove_stream(self, key: StreamKey) -> None:
+        del self.streams[key]
+        keys = self._by_vbucket.get(key[0])
+        if keys is not None:
+            keys.discard(key)
+            if not keys:
+                del self._by_vbucket[key[0]]
+
+    def clear_streams(self) -> None:
+        self.streams.clear()
+        self._by_vbucket.clear()
+
+    def keys_of(self, vbucket: int) -> tuple[StreamKey, ...]:
+        """The vbucket's open streams (one, or several with stream ids)."""
+        return tuple(self._by_vbucket.get(vbucket, ()))
+
+    def vbuckets(self) -> frozenset[int]:
+        """The vbuckets with at least one open stream."""
+        return frozenset(self._by_vbucket)
 
 
 class ConnectionHooks(Protocol):
@@ -475,20 +505,22 @@ class CommandProcessor:
             return
         request = decode_request(frame)
         assert isinstance(request, CloseStream)
-        if request.stream_id is not None:
-            self._respond(frame, Status.DCP_STREAM_ID_INVALID, context="Stream ids are not enabled")
+        problem = _stream_id_problem(dcp.settings, request.stream_id)
+        if problem is not None:
+            self._respond(frame, Status.DCP_STREAM_ID_INVALID, context=problem)
             return
-        stream = dcp.streams.get(request.vbucket)
+        key = (request.vbucket, request.stream_id or 0)
+        stream = dcp.streams.get(key)
         if stream is None or stream.finished:
             self._respond(frame, Status.KEY_ENOENT, context="No stream for this vbucket")
             return
         self._respond(frame)
         if dcp.settings.stream_end_on_close:
             stream.end(StreamEndReason.CLOSED)
-            dcp.mark_ready(request.vbucket)
+            dcp.mark_ready(key)
         else:
             stream.drop()
-            del dcp.streams[request.vbucket]
+            dcp.remove_stream(key)
             self._hooks.streams_changed()
 
     def _on_stream_request(self, frame: Frame) -> None:
@@ -517,15 +549,22 @@ class CommandProcessor:
             return
         assert isinstance(request, StreamRequest)
         vb = request.vbucket
-        if options.stream_id is not None:
-            self._respond(frame, Status.DCP_STREAM_ID_INVALID, context="Stream ids are not enabled")
+        refusal = _stream_id_problem(dcp.settings, options.stream_id)
+        if refusal is not None:
+            self._respond(frame, Status.DCP_STREAM_ID_INVALID, context=refusal)
             return
         if not self._owns(vb):
             self._not_my_vbucket(frame)
             return
-        existing = dcp.streams.get(vb)
+        key = (vb, options.stream_id or 0)
+        existing = dcp.streams.get(key)
         if existing is not None and not existing.finished:
-            self._respond(frame, Status.KEY_EEXISTS, context="Stream exists for this vbucket")
+            context = (
+                f"Stream id {options.stream_id} is in use on this vbucket"
+                if options.stream_id
+                else "Stream exists for this vbucket"
+            )
+            self._respond(frame, Status.KEY_EEXISTS, context=context)
             return
         if existing is not None:
             # The old stream's last messages (its STREAM_END) go before the new stream's.
@@ -533,7 +572,7 @@ class CommandProcessor:
                 self._hooks.queue(message)
                 dcp.unacked_bytes += len(message)
             existing.pending.clear()
-            del dcp.streams[vb]
+            dcp.remove_stream(key)
         collections = HelloFeature.COLLECTIONS in self.features
         stream_filter, scope_collections, problem = self._stream_filter(options, collections)
         if problem is not None:
@@ -593,17 +632,21 @@ class CommandProcessor:
             marker_version=settings.marker_version,
             snappy_min_size=self._options.snappy_min_size,
         )
-        dcp.streams[vb] = ProducerStream(
-            vb,
-            request.opaque,
-            cursor,
-            encoding,
-            stream_filter,
-            scope_collections=scope_collections,
+        dcp.add_stream(
+            key,
+            ProducerStream(
+                vb,
+                request.opaque,
+                cursor,
+                encoding,
+                stream_filter,
+                scope_collections=scope_collections,
+                stream_id=options.stream_id,
+            ),
         )
         dcp.any_stream_opened = True
         self._hooks.streams_changed()
-        dcp.mark_ready(vb)
+        dcp.mark_ready(key)
 
     def _stream_filter(
         self, options: _StreamOptions, collections: bool
@@ -685,6 +728,15 @@ class _StreamOptions:
     collection_ids: frozenset[int] | None = None
     scope_id: int | None = None
     purge_seqno: int | None = None
+
+
+def _stream_id_problem(settings: ProducerSettings, stream_id: int | None) -> str | None:
+    """Why a request's stream id (None: none given) is refused on this connection, if it is."""
+    if settings.stream_ids and not stream_id:
+        return "Stream ids are enabled: the request must name a stream id (1..65535)"
+    if not settings.stream_ids and stream_id is not None:
+        return "Stream ids are not enabled (DCP_CONTROL enable_stream_id)"
+    return None
 
 
 def _stream_options(value: bytes) -> _StreamOptions:

@@ -44,6 +44,8 @@ class ProducerSettings:
     force_compression: bool = False
     out_of_order_snapshots: bool = False
     priority: str = "medium"
+    stream_ids: bool = False
+    """enable_stream_id: several streams per vbucket, each message framed with its id."""
 
     @property
     def marker_version(self) -> MarkerVersion:
@@ -160,8 +162,12 @@ def apply_control(
         if value not in _TRUE_FALSE:
             return _invalid(settings, key, value)
         return _ok(settings)
+    if key == "enable_stream_id":
+        # One-way, as in kv_engine: once on, every stream request must name a stream id.
+        if value != "true":
+            return _invalid(settings, key, value)
+        return _ok(replace(settings, stream_ids=True))
     if key in (
-        "enable_stream_id",
         "stream_buffer_size",
         "change_streams",
         "flatbuffers_system_events",

@@ -25,6 +25,7 @@ from replicator.dcp.events import (
     SystemEvent,
     SystemEventType,
 )
+from replicator.dcp.frame import with_stream_id
 from replicator.dcp.opcodes import Datatype, Magic, Opcode
 from replicator.dcp.values import compress_value, encode_leb128, encode_xattrs
 from replicator.sim.dcp_controls import MarkerVersion
@@ -111,9 +112,12 @@ class ProducerStream:
         stream_filter: StreamFilter,
         *,
         scope_collections: frozenset[int] = frozenset(),
+        stream_id: int | None = None,
     ) -> None:
         self.vbucket = vbucket
         self.opaque = opaque
+        self.stream_id = stream_id
+        """Set with enable_stream_id: every message of the stream is framed with it."""
         self.pending: deque[bytes] = deque()
         self._cursor = cursor
         self._encoding = encoding
@@ -174,7 +178,14 @@ class ProducerStream:
         self._finished = True
         if not self._end_queued:
             self._end_queued = True
-            self.pending.append(self._encode(StreamEnd(self.vbucket, reason)))
+            self._queue_frames([self._encode(StreamEnd(self.vbucket, reason))])
+
+    def _queue_frames(self, frames: list[bytes]) -> None:
+        """Add frames to send, each framed with the stream id when the stream has one."""
+        if self.stream_id is None:
+            self.pending.extend(frames)
+        else:
+            self.pending.extend(with_stream_id(frame, self.stream_id) for frame in frames)
 
     def _encode_part(self, part: ServedSnapshot) -> None:
         if part.marker is not None:
@@ -213,9 +224,9 @@ class ProducerStream:
             last_seqno = item.by_seqno
         if frames:
             if not self._marker_sent:
-                self.pending.append(self._marker_frame(marker))
+                self._queue_frames([self._marker_frame(marker)])
                 self._marker_sent = True
-            self.pending.extend(frames)
+            self._queue_frames(frames)
             self._last_sent_seqno = last_seqno
         if filter_empty:
             self._cursor.close()
@@ -229,10 +240,10 @@ class ProducerStream:
         # When nothing of the snapshot passed the filter, kv_engine still sends a disk
         # snapshot's marker, and tells collection-aware streams where the seqno went.
         if not self._marker_sent and (marker.is_disk or collection_aware):
-            self.pending.append(self._marker_frame(marker))
+            self._queue_frames([self._marker_frame(marker)])
             self._marker_sent = True
         if collection_aware and self._marker_sent and self._last_sent_seqno < marker.end_seqno:
-            self.pending.append(self._encode(SeqnoAdvanced(self.vbucket, marker.end_seqno)))
+            self._queue_frames([self._encode(SeqnoAdvanced(self.vbucket, marker.end_seqno))])
             self._last_sent_seqno = marker.end_seqno
         self._marker = None
 

@@ -248,7 +248,7 @@ class Session:
         if dcp is not None:
             for stream in dcp.streams.values():
                 stream.drop()
-            dcp.streams.clear()
+            dcp.clear_streams()
         if self._selector is not None:
             self._selector.close()
         for sock in (self._sock, self._wake_r, self._wake_w):
@@ -303,7 +303,7 @@ class Session:
     def streams_changed(self) -> None:
         """ConnectionHooks: refresh the vbuckets the bucket's writers should wake us for."""
         dcp = self._commands.dcp
-        self._stream_vbuckets = frozenset(dcp.streams) if dcp is not None else frozenset()
+        self._stream_vbuckets = dcp.vbuckets() if dcp is not None else frozenset()
 
     def _output_full(self) -> bool:
         return len(self._out) - self._out_pos >= self._options.batch_bytes
@@ -362,8 +362,8 @@ class Session:
         with self._changed_lock:
             changed, self._changed = self._changed, set()
         for vb in changed:
-            if vb in dcp.streams:
-                dcp.mark_ready(vb)
+            for key in dcp.keys_of(vb):
+                dcp.mark_ready(key)
 
     def _fill(self) -> None:
         """Queue stream frames until the batch is full, the window closes or nothing is ready."""
@@ -378,17 +378,17 @@ class Session:
         while budget > 0 and ready:
             if window and dcp.unacked_bytes >= window:
                 return  # paused until a BUFFER_ACK frees room, as a real producer is
-            vb = ready[0]
-            stream = dcp.streams.get(vb)
+            key = ready[0]
+            stream = dcp.streams.get(key)
             if stream is None:
                 ready.popleft()
-                dcp.ready_set.discard(vb)
+                dcp.ready_set.discard(key)
                 continue
             if not stream.pending and not stream.pull(per_pull):
                 ready.popleft()
-                dcp.ready_set.discard(vb)
+                dcp.ready_set.discard(key)
                 if stream.finished:
-                    del dcp.streams[vb]
+                    dcp.remove_stream(key)
                     changed_streams = True
                 continue
             pending = stream.pending
@@ -413,8 +413,8 @@ class Session:
                 moved += 1
             if not pending and stream.finished:
                 ready.popleft()
-                dcp.ready_set.discard(vb)
-                del dcp.streams[vb]
+                dcp.ready_set.discard(key)
+                dcp.remove_stream(key)
                 changed_streams = True
             else:
                 ready.rotate(-1)
@@ -444,10 +444,11 @@ class Session:
         if dcp is None:
             return
         for vb in vbuckets:
-            stream = dcp.streams.get(vb)
-            if stream is not None and not stream.finished:
-                stream.end(reason)
-                dcp.mark_ready(vb)
+            for key in dcp.keys_of(vb):
+                stream = dcp.streams[key]
+                if not stream.finished:
+                    stream.end(reason)
+                    dcp.mark_ready(key)
 
     def _set_stalled(self, stalled: bool) -> None:
         if stalled == self._stalled or self._selector is None:

@@ -347,11 +347,16 @@ class RawClient:
         return self.request(request)
 
     def filtered_stream_request(
-        self, vbucket: int, stream_value: Mapping[str, object], *, start: int = 0
+        self,
+        vbucket: int,
+        stream_value: Mapping[str, object],
+        *,
+        start: int = 0,
+        end: int = MAX_SEQNO,
     ) -> Response:
         """STREAM_REQ from `start` with a JSON value (collections or scope filter, ...)."""
         opaque = self.next_opaque()
-        extras = struct.pack(">IIQQQQQ", 0, 0, start, MAX_SEQNO, 0, start, start)
+        extras = struct.pack(">IIQQQQQ", 0, 0, start, end, 0, start, start)
         frame = encode_frame(
             Magic.REQUEST,
             Opcode.DCP_STREAM_REQ,

@@ -80,7 +80,9 @@ def test_max_marker_version_needs_collections_and_the_value_2_2() -> None:
 def test_unknown_keys_are_einval_and_unsimulated_features_not_supported() -> None:
     outcome = apply_control(ProducerSettings(), COLLECTIONS, "enable_teleport", "true")
     assert outcome.status == Status.EINVAL and "enable_teleport" in outcome.reason
-    assert apply("enable_stream_id", "true")[0] == Status.NOT_SUPPORTED
+    assert apply("change_streams", "true")[0] == Status.NOT_SUPPORTED
+    assert apply("enable_stream_id", "true")[1].stream_ids
+    assert apply("enable_stream_id", "false")[0] == Status.EINVAL
     assert apply("supports_cursor_dropping", "true")[0] == Status.SUCCESS
     assert apply("set_priority", "urgent")[0] == Status.EINVAL
     assert apply("force_value_compression", "true", PLAIN)[0] == Status.EINVAL

@@ -207,7 +207,7 @@ def test_controls_refuse_unknown_keys_and_values() -> None:
         assert client.control("enable_noop", "maybe").status == Status.EINVAL
         assert client.control("connection_buffer_size", "-1").status == Status.EINVAL
         assert client.control("set_noop_interval", "0").status == Status.EINVAL
-        assert client.control("enable_stream_id", "true").status == Status.NOT_SUPPORTED
+        assert client.control("change_streams", "true").status == Status.NOT_SUPPORTED
         assert client.control("force_value_compression", "true").status == Status.EINVAL
         assert client.control("set_priority", "high").status == Status.SUCCESS
         assert client.control("connection_buffer_size", "1048576").status == Status.SUCCESS
