@@ -190,8 +190,8 @@ class ConnectionOptions:
 
 
 Delivered = tuple[ProducerMessage | DocumentChanges, int, int]
-"""(message, opaque, wire bytes); data messages come as DocumentChanges runs."""
-"""A producer message as handed up: (message, the frame's opaque, its size on the wire)."""
+"""A producer message as handed up: (message, the frame's opaque, its size on the wire). Data
+messages come as DocumentChanges runs: the run's opaque, the wire bytes of all its messages."""
 
 
 class ConnectionListener(Protocol):

@@ -682,7 +682,7 @@ class StreamStager:
                 self.flush()  # the snapshots completed before the failure are kept
             self._drop_chunk(vbucket)
             self._stager.discard_pending(vbucket)
-        elif vbucket in self._chunks and len(self._chunks[vbucket].items) >= self._chunk_rows:
+        elif vbucket in self._chunks and self._chunks[vbucket].rows >= self._chunk_rows:
             self.flush()
         if self._chunked_bytes >= self._chunk_bytes:
             self.flush()
