@@ -43,6 +43,7 @@ from replicator.dcp.events import (
     RunSummary,
 )
 from replicator.dcp.frame import HEADER_SIZE, Frame
+from replicator.dcp.values import decompress_value_buffer
 
 _T = TypeVar("_T")
 
@@ -106,17 +107,16 @@ class DocumentColumns:
         "_buf",
         "_collections",
         "_features",
+        "_max_value_size",
         "_open",
         "_repacked",
         "_runs",
-        "_short_snappy_fits",
     )
 
     def __init__(self, features: ConnectionFeatures) -> None:
         self._features = features
         self._collections = features.collections
-        # Snappy lengths of one or two varint bytes (< 16 KiB) need no check against the limit.
-        self._short_snappy_fits = features.max_value_size >= 1 << 14
+        self._max_value_size = features.max_value_size
         self._open: dict[int, DocumentRun] = {}
         self._runs: list[DocumentRun] = []
         self._buf = b""
@@ -169,16 +169,8 @@ class DocumentColumns:
             return
         raw = buf[v:frame_end]
         value: bytes | cramjam.Buffer = raw
-        if datatype & _SNAPPY:
-            if len(raw) > 1 and not raw[1] & 0x80 and self._short_snappy_fits:
-                try:
-                    value = _snappy_decompress(raw)
-                except cramjam.DecompressionError:
-                    self._add_decoded(buf, pos, frame_end, out)  # the codec words the error
-                    return
-            else:
-                self._add_decoded(buf, pos, frame_end, out)
-                return
+        if datatype & _SNAPPY:  # the codec's own decompressor: the same limit, the same errors
+            value = decompress_value_buffer(raw, max_size=self._max_value_size, opcode=opcode)
         run = self._open.get(vbucket)
         if run is None or run.opaque != opaque or run.stream_id is not None:
             run = self._start(vbucket, opaque, None, out)
@@ -303,7 +295,6 @@ class DocumentColumns:
         run.size += frame_end - pos
 
 
-_snappy_decompress = cramjam.snappy.decompress_raw
 _unpack_header = struct.Struct(">BBHBBHIIQ").unpack_from
 
 

@@ -14,7 +14,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from replicator.dcp.opcodes import Opcode
 from replicator.dcp.positions import FailoverLog
@@ -258,8 +257,8 @@ class DocumentChanges:
     stream order (the snapshot assembler checks their seqnos), at least one row: rows
     `offset` .. `offset + length` of `batch`, the batch of the whole socket read, which bulk
     readers take rows from for many runs at once. `summary` is computed for all runs of a read
-    at once; `DocumentChanges.of` computes it for one. `events()` gives the same messages as
-    typed events, for readers that want them one by one.
+    at once. `events()` gives the same messages as typed events, for readers that want them one
+    by one.
     """
 
     vbucket: int
@@ -273,30 +272,6 @@ class DocumentChanges:
     def columns(self) -> pa.RecordBatch:
         """The run's own rows."""
         return self.batch.slice(self.offset, self.length)
-
-    @classmethod
-    def of(
-        cls, vbucket: int, columns: pa.RecordBatch, stream_id: int | None = None
-    ) -> DocumentChanges:
-        """A run of `columns` (DOCUMENT_CHANGE_SCHEMA, at least one row), summary computed."""
-        if not columns.num_rows:
-            raise ValueError("a run of document changes has at least one row")
-        seqnos = columns.column("by_seqno").to_numpy()
-        opcodes = columns.column("opcode").to_numpy()
-        data_bytes = sum(
-            int(pc.sum(pc.binary_length(columns.column(name))).as_py() or 0)
-            for name in ("key", "value")
-        )
-        summary = RunSummary(
-            first_seqno=int(seqnos[0]),
-            last_seqno=int(seqnos[-1]),
-            low_seqno=int(seqnos.min()),
-            high_seqno=int(seqnos.max()),
-            ascending=bool((seqnos[1:] > seqnos[:-1]).all()),
-            mutations=int((opcodes == MUTATION_OPCODE).sum()),
-            data_bytes=data_bytes,
-        )
-        return cls(vbucket, columns, 0, int(columns.num_rows), summary, stream_id)
 
     def __len__(self) -> int:
         return self.length

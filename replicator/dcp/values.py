@@ -184,12 +184,12 @@ def decompress_value(
     data: bytes, *, max_size: int = DEFAULT_MAX_VALUE_SIZE, opcode: int | None = None
 ) -> bytes:
     """Snappy raw-format decompression, refusing to inflate beyond `max_size` bytes."""
-    return bytes(decompress_value_view(data, max_size=max_size, opcode=opcode))
+    return bytes(decompress_value_buffer(data, max_size=max_size, opcode=opcode))
 
 
-def decompress_value_view(
+def decompress_value_buffer(
     data: bytes, *, max_size: int = DEFAULT_MAX_VALUE_SIZE, opcode: int | None = None
-) -> memoryview:
+) -> cramjam.Buffer:
     """`decompress_value` without the copy into `bytes` (for Arrow, which copies anyway)."""
     # The raw format starts with the uncompressed length (varint): check it before the
     # library allocates that much. One and two bytes (up to 16 KiB) are read without a loop.
@@ -202,7 +202,7 @@ def decompress_value_view(
             f"snappy value inflates to {claimed} bytes, limit {max_size}", opcode=opcode
         )
     try:
-        return memoryview(cramjam.snappy.decompress_raw(data))
+        return cramjam.snappy.decompress_raw(data)
     except cramjam.DecompressionError as exc:
         raise ProtocolError(f"bad snappy value: {exc}", opcode=opcode) from None
 

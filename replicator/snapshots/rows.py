@@ -388,7 +388,7 @@ class ChangeRowConverter:
         if too_big.size:
             i = int(too_big[0])
             raise ProtocolError(
-                f"{_where_row(runs, vbuckets, seqnos, opcodes, i)}: cas {int(cas[i]):#x} does "
+                f"{_where_row(vbuckets, seqnos, opcodes, i)}: cas {int(cas[i]):#x} does "
                 "not fit a signed 64-bit int"
             )
         for name, numbers in (("seqno", seqnos), ("rev seqno", rev_seqnos)):
@@ -396,7 +396,7 @@ class ChangeRowConverter:
             if too_big.size:
                 i = int(too_big[0])
                 raise ProtocolError(
-                    f"{_where_row(runs, vbuckets, seqnos, opcodes, i)}: {name} "
+                    f"{_where_row(vbuckets, seqnos, opcodes, i)}: {name} "
                     f"{int(numbers[i])} does not fit 64 bits"
                 )
 
@@ -408,7 +408,7 @@ class ChangeRowConverter:
             names = names_cache.get(collection_id) or self._names_of(
                 collection_id,
                 names_cache,
-                _where_row(runs, vbuckets, seqnos, opcodes, first),
+                _where_row(vbuckets, seqnos, opcodes, first),
             )
             scope_names.append(names[0])
             collection_names.append(names[1])
@@ -430,7 +430,7 @@ class ChangeRowConverter:
             scopes,
             collections,
             _from_numpy(collection_ids.astype(np.int64), pa.int64()),
-            _utf8_column_of(changes.column("key"), "key", runs, vbuckets, seqnos, opcodes),
+            _utf8_column_of(changes.column("key"), "key", vbuckets, seqnos),
             _from_numpy(seqnos.astype(np.int64), pa.int64()),
             _from_numpy(rev_seqnos.astype(np.int64), pa.int64()),
             _from_numpy(cas.astype(np.int64), pa.int64()),
@@ -439,12 +439,7 @@ class ChangeRowConverter:
             _ops_column(is_delete),
             _from_numpy(is_json, pa.bool_()),
             _utf8_column_of(
-                _binary_where(values, is_upsert & is_json),
-                "JSON document",
-                runs,
-                vbuckets,
-                seqnos,
-                opcodes,
+                _binary_where(values, is_upsert & is_json), "JSON document", vbuckets, seqnos
             ),
             _binary_where(values, is_upsert & ~is_json),
             _xattrs_json_column(xattrs),
@@ -579,10 +574,8 @@ def _xattrs_json_column(xattrs: pa.Array) -> pa.Array:
 def _utf8_column_of(
     raw: pa.Array,
     what: str,
-    runs: list[DocumentChanges],
     vbuckets: np.ndarray,
     seqnos: np.ndarray,
-    opcodes: np.ndarray,
 ) -> pa.Array:
     """`raw` as a string column; ProtocolError naming the first row that is not UTF-8."""
     text = (
@@ -602,7 +595,6 @@ def _utf8_column_of(
 
 
 def _where_row(
-    runs: list[DocumentChanges],
     vbuckets: np.ndarray,
     seqnos: np.ndarray,
     opcodes: np.ndarray,

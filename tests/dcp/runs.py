@@ -2,14 +2,38 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable
 
 from replicator.dcp.codec import ConnectionFeatures, encode_dcp_message
 from replicator.dcp.columnar import DocumentColumns, DocumentRun
-from replicator.dcp.events import Deletion, DocumentChanges, Expiration, Mutation
+from replicator.dcp.events import (
+    MUTATION_OPCODE,
+    Deletion,
+    DocumentChanges,
+    Expiration,
+    Mutation,
+    RunSummary,
+)
 from replicator.dcp.frame import FrameReader
 
 WIRE_FEATURES = ConnectionFeatures(collections=True, delete_times=True)
+
+
+def summarised_alone(run: DocumentChanges) -> RunSummary:
+    """The run's summary computed from its own rows (the reader computes it read-wide)."""
+    columns = run.columns
+    seqnos = columns.column("by_seqno").to_pylist()
+    data_bytes = sum(len(v) for name in ("key", "value") for v in columns.column(name).to_pylist())
+    return RunSummary(
+        first_seqno=seqnos[0],
+        last_seqno=seqnos[-1],
+        low_seqno=min(seqnos),
+        high_seqno=max(seqnos),
+        ascending=all(a < b for a, b in itertools.pairwise(seqnos)),
+        mutations=columns.column("opcode").to_pylist().count(MUTATION_OPCODE),
+        data_bytes=data_bytes,
+    )
 
 
 def read_runs(messages: Iterable[Mutation | Deletion | Expiration]) -> list[DocumentChanges]:

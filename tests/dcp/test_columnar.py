@@ -22,7 +22,6 @@ from replicator.dcp.codec import (
 from replicator.dcp.columnar import DocumentColumns, DocumentRun
 from replicator.dcp.events import (
     Deletion,
-    DocumentChanges,
     Expiration,
     Mutation,
     SnapshotFlags,
@@ -31,6 +30,7 @@ from replicator.dcp.events import (
 from replicator.dcp.frame import Frame, FrameReader, encode_frame
 from replicator.dcp.opcodes import Opcode, Status
 from replicator.errors import ProtocolError
+from tests.dcp.runs import summarised_alone
 from tests.dcp.strategies import features as feature_sets
 from tests.dcp.strategies import producer_messages
 from tests.golden_vectors import GOMEMCACHED, gomemcached_event_wire, requires_vectors
@@ -255,7 +255,7 @@ def test_a_noop_between_data_messages_does_not_split_the_run() -> None:
 
 
 def test_the_summaries_of_a_whole_read_equal_each_run_summarised_alone() -> None:
-    """`finish` summarises all runs of a read at once; `DocumentChanges.of` one at a time."""
+    """`finish` summarises all runs of a read at once, with numpy over the whole read."""
     messages: list[ProducerMessage] = [
         mutation(1, 5),
         mutation(2, 9, key=b"a-longer-key"),
@@ -268,7 +268,7 @@ def test_the_summaries_of_a_whole_read_equal_each_run_summarised_alone() -> None
     runs = [e.changes for e in entries if isinstance(e, DocumentRun) and e.changes]
     assert [r.vbucket for r in runs] == [1, 2, 3]
     for run in runs:
-        assert run.summary == DocumentChanges.of(run.vbucket, run.columns).summary
+        assert run.summary == summarised_alone(run)
     assert [(r.summary.low_seqno, r.summary.high_seqno, r.summary.ascending) for r in runs] == [
         (5, 7, False),
         (8, 9, False),

@@ -55,9 +55,9 @@ def test_two_streams_of_one_vbucket_each_get_their_own_messages_framed_with_thei
         for sid, messages in by_stream.items()
     }
     assert keys == {7: [b"u1", b"u2"], 9: [b"o1"]}
-    for messages in by_stream.values():
+    for sid, messages in by_stream.items():
         assert isinstance(messages[0], SnapshotMarker)
-        assert messages[-1] == StreamEnd(0, StreamEndReason.OK, messages[-1].stream_id)
+        assert messages[-1] == StreamEnd(0, StreamEndReason.OK, sid)
 
 
 def test_stream_requests_must_name_a_stream_id_once_enabled_and_only_then() -> None:
