@@ -9,6 +9,14 @@ is called with the changed vbuckets after each change, outside the lock.
 >>> mutation = bucket.upsert("airline_10", {"name": "40-Mile Air"})
 >>> [record.key for record in bucket.documents()]
 [b'airline_10']
+
+A magma bucket can retain history (Couchbase 7.2+ change streams):
+
+>>> history = SimBucket("cdc", num_vbuckets=1, history_retention_seconds=3600)
+>>> for name in ("Ada", "Bo"):
+...     _ = history.upsert("user::1", {"name": name})
+>>> [item.value for item in history.history_revisions(0)]
+[b'{"name":"Ada"}', b'{"name":"Bo"}']
 """
 
 from __future__ import annotations
@@ -19,17 +27,21 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 from replicator.dcp.events import Deletion, Expiration, Mutation
 from replicator.dcp.positions import FailoverLog
 from replicator.sim.collections import (
+    DEFAULT_COLLECTION_ID,
     DEFAULT_COLLECTION_PATH,
     CollectionsManifest,
     ManifestChange,
+    split_collection_path,
 )
 from replicator.sim.vbmap import vbucket_for_key
 from replicator.sim.vbucket import (
     DEFAULT_CHECKPOINT_MAX_ITEMS,
+    DocumentItem,
     DocumentWrite,
     HistoryItem,
     VBucket,
@@ -41,6 +53,9 @@ DocumentValue = bytes | str | Mapping[str, object]
 
 ChangeListener = Callable[[frozenset[int]], None]
 """Called with the vbuckets that changed, after the bucket's lock is released."""
+
+StorageBackend = Literal["couchstore", "magma"]
+"""How the bucket stores its data; only magma can retain history (change streams)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +125,17 @@ class SimBucket:
     `may_contain_duplicates`, memory snapshots keep every version of a key and carry flag 0x20.
     `checkpoint_max_items` is how many recent items a vbucket keeps in memory checkpoints;
     streams further behind are backfilled from "disk".
+
+    History retention, as kv_engine's bucket settings of the same names (0 is off for each):
+    `history_retention_seconds` keeps revisions whose CAS time is at most that old,
+    `history_retention_bytes` the newest revisions within the budget, split evenly over the
+    vbuckets (bytes // num_vbuckets each, as magma does). Which collections keep history:
+    `history_collections` names them ("scope.collection"; `_default._default` for the default
+    collection, also ones created later), and `history_collection_default` (ns_server's
+    historyRetentionCollectionDefault; None means true on magma unless `history_collections`
+    names some) gives history to every other collection. `storage_backend` None means magma
+    when any history setting is given, else couchstore; couchstore cannot retain history (and
+    refuses DCP change streams).
     """
 
     def __init__(
@@ -121,18 +147,54 @@ class SimBucket:
         may_contain_duplicates: bool = False,
         checkpoint_max_items: int = DEFAULT_CHECKPOINT_MAX_ITEMS,
         clock_ns: Callable[[], int] = time.time_ns,
+        history_retention_seconds: int = 0,
+        history_retention_bytes: int = 0,
+        history_collections: Iterable[str] = (),
+        history_collection_default: bool | None = None,
+        storage_backend: StorageBackend | None = None,
     ) -> None:
         if not name:
             raise ValueError("a bucket needs a name")
         if not 0 < num_vbuckets <= 0x10000:
             raise ValueError(f"num_vbuckets must be in 1..65536, got {num_vbuckets}")
+        if history_retention_seconds < 0 or history_retention_bytes < 0:
+            raise ValueError("history retention seconds and bytes must not be negative")
+        history_paths = frozenset(_collection_path(path) for path in history_collections)
+        wants_history = bool(
+            history_retention_seconds
+            or history_retention_bytes
+            or history_paths
+            or history_collection_default
+        )
+        if storage_backend is None:
+            storage_backend = "magma" if wants_history else "couchstore"
+        if storage_backend not in ("couchstore", "magma"):
+            raise ValueError(
+                f"storage_backend must be couchstore or magma, not {storage_backend!r}"
+            )
+        if storage_backend == "couchstore" and wants_history:
+            raise ValueError("only a magma bucket can retain history")
         self.name = name
         self.num_vbuckets = num_vbuckets
+        self.storage_backend: StorageBackend = storage_backend
+        self.history_retention_seconds = history_retention_seconds
+        self.history_retention_bytes = history_retention_bytes
+        if history_collection_default is None:
+            # ns_server's default on magma, unless the collections with history are named.
+            history_collection_default = storage_backend == "magma" and not history_paths
+        self.history_collection_default = history_collection_default
+        self._history_paths = history_paths
         self.condition = threading.Condition(threading.RLock())
         self._clock_ns = clock_ns
         self._rng = random.Random(seed)
-        self._manifest = CollectionsManifest()
+        default_history = self._collection_history(DEFAULT_COLLECTION_PATH, None)
+        self._manifest = CollectionsManifest(default_collection_history=default_history)
+        self._history_ids: set[int] = {DEFAULT_COLLECTION_ID} if default_history else set()
         self._listeners: list[ChangeListener] = []
+        # magma splits the bucket's byte budget evenly over its vbuckets.
+        vbucket_bytes = (
+            max(1, history_retention_bytes // num_vbuckets) if history_retention_bytes else 0
+        )
         self._vbuckets = tuple(
             VBucket(
                 vb,
@@ -141,6 +203,9 @@ class SimBucket:
                 may_contain_duplicates=may_contain_duplicates,
                 checkpoint_max_items=checkpoint_max_items,
                 clock_ns=clock_ns,
+                history_retention_seconds=history_retention_seconds,
+                history_retention_bytes=vbucket_bytes,
+                history_collections=self._history_ids,
             )
             for vb in range(num_vbuckets)
         )
@@ -176,6 +241,25 @@ class SimBucket:
         return keys
 
     @property
+    def can_retain_history(self) -> bool:
+        """True for a magma bucket: it may retain history and serve DCP change streams."""
+        return self.storage_backend == "magma"
+
+    @property
+    def retains_history(self) -> bool:
+        """True when history retention is on (by age, by bytes or both)."""
+        return bool(self.history_retention_seconds or self.history_retention_bytes)
+
+    def history_start_seqno(self, vbucket: int) -> int:
+        """Where a vbucket's history window starts (0: no history retained)."""
+        return self.vbucket(vbucket).history_start_seqno
+
+    def history_revisions(self, vbucket: int) -> list[DocumentItem]:
+        """Every revision a vbucket retains as history (collections with history), by seqno:
+        what a change-streams consumer receives of those collections from the window start."""
+        return self.vbucket(vbucket).history_revisions()
+
+    @property
     def manifest(self) -> CollectionsManifest:
         """The collections manifest; change it only through the bucket's methods."""
         return self._manifest
@@ -184,6 +268,11 @@ class SimBucket:
         """The GET_COLLECTIONS_MANIFEST answer."""
         with self.condition:
             return self._manifest.manifest_json()
+
+    def manifest_rest_json(self) -> str:
+        """The management API's answer for the bucket's scopes and collections."""
+        with self.condition:
+            return self._manifest.rest_json()
 
     def high_seqnos(self) -> dict[int, int]:
         """High seqno of every vbucket (GET_ALL_VB_SEQNOS)."""
@@ -254,6 +343,9 @@ class SimBucket:
     def apply_batch(self, ops: Iterable[BucketOp]) -> tuple[HistoryItem, ...]:
         """Apply ops together: one memory snapshot per affected vbucket; returns the items.
 
+        While the bucket retains history, a second revision of a key of a collection with
+        history starts a new memory snapshot (kv_engine's checkpoints then never dedupe it).
+
         Items come back in the order of `ops`. Every op is checked first (collection exists,
         deleted/touched/expired documents exist), so a failing batch changes nothing.
         """
@@ -284,13 +376,20 @@ class SimBucket:
         self._notify(range(self.num_vbuckets))
         return change.scope_id
 
-    def create_collection(self, scope: str, name: str) -> int:
-        """Create a collection in a scope; returns its id."""
+    def create_collection(self, scope: str, name: str, *, history: bool | None = None) -> int:
+        """Create a collection in a scope; returns its id.
+
+        `history` None takes the bucket's setting (`history_collections`, else
+        `history_collection_default`); history needs a magma bucket.
+        """
         with self.condition:
-            (change,) = self._manifest.create_collection(scope, name)
+            keeps_history = self._collection_history(f"{scope}.{name}", history)
+            (change,) = self._manifest.create_collection(scope, name, history=keeps_history)
+            assert change.collection_id is not None
+            if keeps_history:
+                self._history_ids.add(change.collection_id)
             self._apply_manifest((change,))
         self._notify(range(self.num_vbuckets))
-        assert change.collection_id is not None
         return change.collection_id
 
     def drop_collection(self, scope: str, name: str) -> None:
@@ -392,6 +491,13 @@ class SimBucket:
         for vb in self._vbuckets:
             vb.apply_manifest_changes(changes)
 
+    def _collection_history(self, path: str, history: bool | None) -> bool:
+        if history is None:
+            history = path in self._history_paths or self.history_collection_default
+        if history and not self.can_retain_history:
+            raise ValueError(f"collection {path}: history needs a magma bucket")
+        return history
+
     def _document_write(self, op: BucketOp, collection_ids: dict[str, int]) -> DocumentWrite:
         collection_id = collection_ids.get(op.collection)
         if collection_id is None:
@@ -425,6 +531,11 @@ class SimBucket:
             is_json=item.is_json,
             xattrs=item.xattrs,
         )
+
+
+def _collection_path(path: str) -> str:
+    scope, collection = split_collection_path(path)
+    return f"{scope}.{collection}"
 
 
 def _key_bytes(key: bytes | str) -> bytes:

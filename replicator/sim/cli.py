@@ -102,6 +102,35 @@ def add_sim_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--failover-lose", type=int, default=10, help="items a failover fault loses"
     )
+    parser.add_argument(
+        "--storage-backend",
+        choices=("couchstore", "magma"),
+        default=None,
+        help="the bucket's storage; only magma retains history and accepts DCP change streams "
+        "(default: magma with a --history-* option, else couchstore)",
+    )
+    parser.add_argument(
+        "--history-retention-seconds",
+        type=int,
+        default=0,
+        metavar="SECONDS",
+        help="retain every revision of history collections this long, by CAS time (0: off)",
+    )
+    parser.add_argument(
+        "--history-retention-bytes",
+        type=int,
+        default=0,
+        metavar="BYTES",
+        help="retain the newest revisions within this many bytes, split over the vbuckets "
+        "(0: off)",
+    )
+    parser.add_argument(
+        "--history-collections",
+        default=None,
+        metavar="PATHS",
+        help="collections that keep history: 'all', 'none' or comma-separated scope.collection "
+        "paths (_default._default is the default collection); default on magma: all",
+    )
 
 
 def sim_password(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> str:
@@ -122,7 +151,7 @@ def run_sim(args: argparse.Namespace) -> int:
             tls_context = server_tls_context(args.tls_cert, args.tls_key)
         except (OSError, ValueError) as exc:
             raise ConfigError(f"cannot load --tls-cert/--tls-key: {exc}") from None
-    bucket = SimBucket(args.bucket, args.vbuckets, seed=args.seed)
+    bucket = _build_bucket(args)
     workload: Workload | None = None
     if args.docs:
         workload = initial_load(bucket, args.docs, args.doc_size, seed=args.seed)
@@ -203,6 +232,37 @@ def _run_live_changes(
             seed += 1
 
 
+def _build_bucket(args: argparse.Namespace) -> SimBucket:
+    """The bucket the options describe; ConfigError for history options it cannot take."""
+    spec = args.history_collections
+    history_default: bool | None = None
+    paths: list[str] = []
+    if spec is not None:
+        text = spec.strip()
+        if text == "all":
+            history_default = True
+        elif text == "none":
+            history_default = False
+        else:
+            history_default = False
+            paths = [path.strip() for path in text.split(",") if path.strip()]
+            if not paths:
+                raise ConfigError("--history-collections: name 'all', 'none' or collections")
+    try:
+        return SimBucket(
+            args.bucket,
+            args.vbuckets,
+            seed=args.seed,
+            history_retention_seconds=args.history_retention_seconds,
+            history_retention_bytes=args.history_retention_bytes,
+            history_collections=paths,
+            history_collection_default=history_default,
+            storage_backend=args.storage_backend,
+        )
+    except ValueError as exc:
+        raise ConfigError(f"history options: {exc}") from None
+
+
 def _check_options(args: argparse.Namespace, faults: Sequence[str]) -> None:
     if not 1 <= args.vbuckets <= 1024:
         raise ConfigError(f"--vbuckets must be 1..1024, got {args.vbuckets}")
@@ -228,6 +288,9 @@ def _check_options(args: argparse.Namespace, faults: Sequence[str]) -> None:
         raise ConfigError("the rebalance fault needs --nodes 2 or more")
     if not args.username:
         raise ConfigError("--username must not be empty")
+    if args.history_retention_seconds < 0 or args.history_retention_bytes < 0:
+        raise ConfigError("--history-retention-seconds and --history-retention-bytes must not "
+                          "be negative")
 
 
 def _parse_faults(text: str) -> list[str]:

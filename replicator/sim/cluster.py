@@ -44,6 +44,7 @@ from replicator.sim.faults import MalformedFrame
 from replicator.sim.management import ManagementServer
 from replicator.sim.sasl_server import CredentialStore
 from replicator.sim.server import NodeServer, ServerOptions, Session
+from replicator.sim.vbucket import DocumentItem
 
 DEFAULT_USERNAME = "Administrator"
 DEFAULT_PASSWORD = "password"
@@ -199,7 +200,10 @@ class SimCluster:
             cached = self._config_cache.get(key)
             if cached is None:
                 cached = encode_bucket_config(
-                    topology, this_node=node, collections_manifest_uid=manifest_uid
+                    topology,
+                    this_node=node,
+                    collections_manifest_uid=manifest_uid,
+                    storage_backend=self._bucket.storage_backend,
                 )
                 if len(self._config_cache) > 64:
                     self._config_cache.clear()
@@ -208,6 +212,21 @@ class SimCluster:
 
     def node_vbuckets(self, node: int) -> tuple[int, ...]:
         return self.topology.vbuckets_of(node)
+
+    def scopes_json(self) -> bytes:
+        """The bucket's scopes and collections as the management API lists them."""
+        return self._bucket.manifest_rest_json().encode()
+
+    def bucket_settings(self) -> dict[str, object]:
+        """Bucket settings the full bucket config adds (the history retention of magma)."""
+        bucket = self._bucket
+        if not bucket.can_retain_history:
+            return {}
+        return {
+            "historyRetentionSeconds": bucket.history_retention_seconds,
+            "historyRetentionBytes": bucket.history_retention_bytes,
+            "historyRetentionCollectionDefault": bucket.history_collection_default,
+        }
 
     # -- reading ----------------------------------------------------------------------
 
@@ -222,6 +241,14 @@ class SimCluster:
     @property
     def nodes(self) -> tuple[NodeServer, ...]:
         return tuple(self._nodes)
+
+    def history_start_seqno(self, vbucket: int) -> int:
+        """Where a vbucket's history window starts (0: no history retained)."""
+        return self._bucket.history_start_seqno(vbucket)
+
+    def history_revisions(self, vbucket: int) -> list[DocumentItem]:
+        """The revisions a vbucket retains as history (`SimBucket.history_revisions`)."""
+        return self._bucket.history_revisions(vbucket)
 
     def node(self, index: int) -> NodeServer:
         """The node at `index` (0-based)."""

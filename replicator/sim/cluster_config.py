@@ -130,6 +130,7 @@ def bucket_config(
     *,
     this_node: int | None = None,
     collections_manifest_uid: int = 0,
+    storage_backend: str = "couchstore",
 ) -> dict[str, Any]:
     """The bucket config as a JSON-ready dict; `this_node` marks the answering node."""
     name = topology.bucket
@@ -156,7 +157,7 @@ def bucket_config(
         "name": name,
         "nodeLocator": "vbucket",
         "bucketType": "membase",
-        "storageBackend": "couchstore",
+        "storageBackend": storage_backend,
         "uuid": uuid,
         "uri": f"/pools/default/buckets/{name}?bucket_uuid={uuid}",
         "streamingUri": f"/pools/default/bucketsStreaming/{name}?bucket_uuid={uuid}",
@@ -183,9 +184,13 @@ def encode_bucket_config(
     *,
     this_node: int | None = None,
     collections_manifest_uid: int = 0,
+    storage_backend: str = "couchstore",
 ) -> bytes:
     """The bucket config as compact JSON bytes, ready for a response value."""
     config = bucket_config(
-        topology, this_node=this_node, collections_manifest_uid=collections_manifest_uid
+        topology,
+        this_node=this_node,
+        collections_manifest_uid=collections_manifest_uid,
+        storage_backend=storage_backend,
     )
     return json.dumps(config, separators=(",", ":")).encode()

@@ -53,12 +53,17 @@ class ScopeSpec:
 
 @dataclass(frozen=True, slots=True)
 class CollectionSpec:
-    """A collection: its name, id and the scope it belongs to."""
+    """A collection: its name, id, the scope it belongs to and its `history` setting.
+
+    `history` (Couchbase 7.2+, magma buckets) says the bucket retains every revision of the
+    collection's documents within its history window, for DCP change streams.
+    """
 
     name: str
     collection_id: int
     scope_name: str
     scope_id: int
+    history: bool = False
 
     @property
     def path(self) -> str:
@@ -103,13 +108,17 @@ class CollectionsManifest:
     (8, 2)
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, default_collection_history: bool = False) -> None:
         self._uid = 0
         self._next_scope_id = FIRST_USER_ID
         self._next_collection_id = FIRST_USER_ID
         self._scopes: dict[str, ScopeSpec] = {DEFAULT_SCOPE: ScopeSpec(DEFAULT_SCOPE, 0)}
         default = CollectionSpec(
-            DEFAULT_COLLECTION, DEFAULT_COLLECTION_ID, DEFAULT_SCOPE, DEFAULT_SCOPE_ID
+            DEFAULT_COLLECTION,
+            DEFAULT_COLLECTION_ID,
+            DEFAULT_SCOPE,
+            DEFAULT_SCOPE_ID,
+            history=default_collection_history,
         )
         self._collections: dict[str, CollectionSpec] = {default.path: default}
         self._ever: dict[int, CollectionSpec] = {DEFAULT_COLLECTION_ID: default}
@@ -162,13 +171,20 @@ class CollectionsManifest:
         self._uid += 1
         return (self._record(SystemEventType.SCOPE_CREATED, scope.scope_id, None, name),)
 
-    def create_collection(self, scope: str, name: str) -> tuple[ManifestChange, ...]:
-        """Add a collection to a live scope; returns its COLLECTION_CREATED event."""
+    def create_collection(
+        self, scope: str, name: str, *, history: bool = False
+    ) -> tuple[ManifestChange, ...]:
+        """Add a collection to a live scope; returns its COLLECTION_CREATED event.
+
+        `history` is the collection's history setting (every revision retained).
+        """
         _check_user_name(name, "collection")
         owner = self._live_scope(scope)
         if f"{scope}.{name}" in self._collections:
             raise ValueError(f"collection {scope}.{name} already exists")
-        spec = CollectionSpec(name, self._next_collection_id, scope, owner.scope_id)
+        spec = CollectionSpec(
+            name, self._next_collection_id, scope, owner.scope_id, history=history
+        )
         self._next_collection_id += 1
         self._collections[spec.path] = spec
         self._ever[spec.collection_id] = spec
@@ -212,20 +228,35 @@ class CollectionsManifest:
         return tuple(events)
 
     def manifest_json(self) -> str:
-        """The GET_COLLECTIONS_MANIFEST (0xba) answer: uids as hex strings without 0x."""
+        """The GET_COLLECTIONS_MANIFEST (0xba) answer: uids as hex strings without 0x.
+
+        A collection with history says `"history": true`; kv_engine leaves the key out when
+        it is false.
+        """
+        return json.dumps(self._document(rest=False), separators=(",", ":"))
+
+    def rest_json(self) -> str:
+        """The management API's `GET /pools/default/buckets/BUCKET/scopes` answer.
+
+        As ns_server 7.6 lists them: every collection with its `maxTTL` (0: the bucket's) and
+        `history`, true or false.
+        """
+        return json.dumps(self._document(rest=True), separators=(",", ":"))
+
+    def _document(self, *, rest: bool) -> dict[str, object]:
         scopes = [
             {
                 "name": scope.name,
                 "uid": f"{scope.scope_id:x}",
                 "collections": [
-                    {"name": c.name, "uid": f"{c.collection_id:x}"}
+                    _collection_entry(c, rest=rest)
                     for c in self._collections.values()
                     if c.scope_id == scope.scope_id
                 ],
             }
             for scope in self._scopes.values()
         ]
-        return json.dumps({"uid": f"{self._uid:x}", "scopes": scopes}, separators=(",", ":"))
+        return {"uid": f"{self._uid:x}", "scopes": scopes}
 
     def _live_scope(self, name: str) -> ScopeSpec:
         scope = self._scopes.get(name)
@@ -245,6 +276,16 @@ class CollectionsManifest:
         change = ManifestChange(len(self._changes), event, self._uid, scope_id, collection_id, name)
         self._changes.append(change)
         return change
+
+
+def _collection_entry(spec: CollectionSpec, *, rest: bool) -> dict[str, object]:
+    entry: dict[str, object] = {"name": spec.name, "uid": f"{spec.collection_id:x}"}
+    if rest:
+        entry["maxTTL"] = 0
+        entry["history"] = spec.history
+    elif spec.history:
+        entry["history"] = True
+    return entry
 
 
 def _check_user_name(name: str, kind: str) -> None:

@@ -67,6 +67,10 @@ VERSION_OPCODE = 0x0B
 OBSERVE_SEQNO_OPCODE = 0x91
 NO_BUCKET_NAME = "@no bucket@"
 
+KNOWN_FEATURES = frozenset(range(0x01, HelloFeature.SUBDOC_BINARY_XATTR + 1))
+"""Every feature code a 7.6 server knows: its dependency rules look at these (others, unknown
+codes, are ignored)."""
+
 SUPPORTED_FEATURES = frozenset(
     {
         HelloFeature.TCP_NODELAY,
@@ -80,10 +84,39 @@ SUPPORTED_FEATURES = frozenset(
         HelloFeature.CLUSTERMAP_CHANGE_NOTIFICATION,
         HelloFeature.UNORDERED_EXECUTION,
         HelloFeature.ALT_REQUEST_SUPPORT,
+        HelloFeature.SYNC_REPLICATION,
         HelloFeature.COLLECTIONS,
+        HelloFeature.SNAPPY_EVERYWHERE,
+        HelloFeature.PRESERVE_TTL,
+        HelloFeature.VATTR,
+        HelloFeature.SUBDOC_CREATE_AS_DELETED,
+        HelloFeature.SUBDOC_DOCUMENT_MACRO_SUPPORT,
+        HelloFeature.SUBDOC_REPLACE_BODY_WITH_XATTR,
+        HelloFeature.NON_BLOCKING_THROTTLING_MODE,
+        HelloFeature.SUBDOC_REPLICA_READ,
+        HelloFeature.GET_CLUSTER_CONFIG_WITH_KNOWN_VERSION,
+        HelloFeature.DEDUPE_NOT_MY_VBUCKET_CLUSTERMAP,
+        HelloFeature.CLUSTERMAP_CHANGE_NOTIFICATION_BRIEF,
+        HelloFeature.SUBDOC_ALLOWS_ACCESS_ON_MULTIPLE_XATTR_KEYS,
+        HelloFeature.SUBDOC_BINARY_XATTR,
     }
 )
-"""HELLO features a simulated node agrees to; others are left out of the reply."""
+"""HELLO features a simulated node agrees to: what a 7.6 node with default settings agrees to,
+but TCP_DELAY (the node always sets TCP_NODELAY), TRACING (no server-duration frames are sent:
+as a node with tracing off), REPORT_UNIT_USAGE (serverless only) and the retired PITR. The
+informational ones (sync replication, subdoc, PreserveTTL, ...) say what the bucket claims in
+its capabilities; docs/simulator.md says what they mean for a node that serves no KV data."""
+
+_NEEDS = (
+    (HelloFeature.CLUSTERMAP_CHANGE_NOTIFICATION, HelloFeature.DUPLEX,
+     "ClustermapChangeNotification needs Duplex"),
+    (HelloFeature.CLUSTERMAP_CHANGE_NOTIFICATION_BRIEF, HelloFeature.DUPLEX,
+     "ClustermapChangeNotificationBrief needs Duplex"),
+    (HelloFeature.SUBDOC_DOCUMENT_MACRO_SUPPORT, HelloFeature.XATTR,
+     "SubdocDocumentMacroSupport needs XATTR"),
+    (HelloFeature.VATTR, HelloFeature.XATTR, "VAttr needs XATTR"),
+)  # fmt: skip
+"""kv_engine's HELLO dependencies: asking for the first without the second is EINVAL."""
 
 _BEFORE_AUTH = frozenset(
     {
@@ -212,6 +245,8 @@ class CommandProcessor:
         self._sasl = SaslExchange(cluster.credentials, offered=self._options.sasl_mechanisms)
         self._agent = ""
         self.features: frozenset[int] = frozenset()
+        self._known_config: tuple[int, int] | None = None
+        """The (epoch, revision) of the newest cluster map this connection was sent."""
         self.user: str | None = None
         self.bucket_selected = False
         self.dcp: DcpState | None = None
@@ -272,21 +307,46 @@ class CommandProcessor:
     def _json_datatype(self) -> int:
         return _JSON if HelloFeature.JSON in self.features else 0
 
+    @property
+    def snappy(self) -> bool:
+        """Values may go snappy-compressed: SNAPPY, or SNAPPY_EVERYWHERE (which implies it)."""
+        features = self.features
+        return HelloFeature.SNAPPY in features or HelloFeature.SNAPPY_EVERYWHERE in features
+
+    @property
+    def clustermap_notifications(self) -> str | None:
+        """"full" or "brief" when the connection asked for cluster-map pushes, else None."""
+        if HelloFeature.CLUSTERMAP_CHANGE_NOTIFICATION_BRIEF in self.features:
+            return "brief"
+        if HelloFeature.CLUSTERMAP_CHANGE_NOTIFICATION in self.features:
+            return "full"
+        return None
+
+    def config_sent(self, epoch: int, revision: int) -> None:
+        """The connection was sent the cluster map of this version (dedupes NOT_MY_VBUCKET)."""
+        known = self._known_config
+        if known is None or (epoch, revision) > known:
+            self._known_config = (epoch, revision)
+
     def _on_hello(self, frame: Frame) -> None:
         hello = decode_request(frame)
         assert isinstance(hello, Hello)
-        agreed: list[int] = []
-        for feature in hello.features:
-            if feature in SUPPORTED_FEATURES and feature not in agreed:
-                agreed.append(feature)
-        if (
-            HelloFeature.CLUSTERMAP_CHANGE_NOTIFICATION in agreed
-            and HelloFeature.DUPLEX not in agreed
-        ):
-            agreed.remove(HelloFeature.CLUSTERMAP_CHANGE_NOTIFICATION)  # needs duplex
-        self.features = frozenset(agreed)
+        asked = {feature for feature in hello.features if feature in KNOWN_FEATURES}
+        problem = _hello_problem(asked)
+        if problem is not None:
+            # kv_engine refuses the whole HELLO and leaves what was negotiated before.
+            self._respond(frame, Status.EINVAL, context=problem)
+            return
+        agreed = asked & SUPPORTED_FEATURES
+        if HelloFeature.CLUSTERMAP_CHANGE_NOTIFICATION_BRIEF in agreed:
+            agreed.discard(HelloFeature.CLUSTERMAP_CHANGE_NOTIFICATION)  # brief wins
+        if self.dcp is not None:
+            agreed.discard(HelloFeature.UNORDERED_EXECUTION)  # never on a DCP connection
+        # kv_engine answers in feature-code order (it keeps them in an ordered set).
+        ordered = sorted(agreed)
+        self.features = frozenset(ordered)
         self._agent = hello.agent[:200]
-        self._respond(frame, value=encode_hello_features(agreed))
+        self._respond(frame, value=encode_hello_features(ordered))
 
     def _on_version(self, frame: Frame) -> None:
         self._respond(frame, value=self._options.server_version.encode())
@@ -333,9 +393,11 @@ class CommandProcessor:
         assert isinstance(request, SelectBucket)
         if request.bucket == NO_BUCKET_NAME:
             self.bucket_selected = False
+            self._known_config = None
             self._respond(frame)
         elif request.bucket == self._cluster.bucket.name:
             self.bucket_selected = True
+            self._known_config = None
             self._respond(frame)
         else:
             # An unknown bucket and a bucket the user may not use look the same, on purpose.
@@ -354,9 +416,11 @@ class CommandProcessor:
             self._respond(frame, Status.EINVAL, context="Expected no key or value")
             return
         epoch, revision = self._cluster.config_revision()
+        self.config_sent(epoch, revision)
         if frame.extras:
             known = _EPOCH_REVISION.unpack(frame.extras)
             if known >= (epoch, revision):
+                self.config_sent(*known)
                 self._respond(frame)  # the client already has this map
                 return
         self._respond(
@@ -441,7 +505,18 @@ class CommandProcessor:
         )
 
     def _not_my_vbucket(self, frame: Frame) -> None:
-        # kv_engine puts the current cluster map in the body so the client can re-route.
+        # kv_engine puts the current cluster map in the body so the client can re-route, but
+        # leaves it out for a client that dedupes them and was already sent this version.
+        version = self._cluster.config_revision()
+        known = self._known_config
+        if (
+            HelloFeature.DEDUPE_NOT_MY_VBUCKET_CLUSTERMAP in self.features
+            and known is not None
+            and known >= version
+        ):
+            self._respond(frame, Status.NOT_MY_VBUCKET)
+            return
+        self.config_sent(*version)
         self._respond(
             frame,
             Status.NOT_MY_VBUCKET,
@@ -483,8 +558,9 @@ class CommandProcessor:
         assert isinstance(request, DcpControl)
         traits = ConnectionTraits(
             collections=HelloFeature.COLLECTIONS in self.features,
-            snappy=HelloFeature.SNAPPY in self.features,
+            snappy=self.snappy,
             delete_times=bool(dcp.flags & DcpOpenFlags.INCLUDE_DELETE_TIMES),
+            can_retain_history=self._cluster.bucket.can_retain_history,
         )
         outcome = apply_control(dcp.settings, traits, request.key, request.value)
         dcp.settings = outcome.settings
@@ -610,7 +686,12 @@ class CommandProcessor:
                 )
             )
             if isinstance(decision, StreamAccepted):
-                cursor = vbucket.open_cursor(start, end, snap_start_seqno=snap_start)
+                cursor = vbucket.open_cursor(
+                    start,
+                    end,
+                    snap_start_seqno=snap_start,
+                    change_streams=dcp.settings.change_streams,
+                )
         if isinstance(decision, StreamRollback):
             self._respond(frame, Status.ROLLBACK, encode_rollback_seqno(decision.rollback_seqno))
             return
@@ -627,7 +708,7 @@ class CommandProcessor:
             no_value=bool(dcp.flags & (DcpOpenFlags.NO_VALUE | _UNDERLYING_DATATYPE)),
             underlying_datatype=bool(dcp.flags & _UNDERLYING_DATATYPE),
             json=HelloFeature.JSON in self.features,
-            snappy=HelloFeature.SNAPPY in self.features,
+            snappy=self.snappy,
             force_compression=settings.force_compression,
             marker_version=settings.marker_version,
             snappy_min_size=self._options.snappy_min_size,
@@ -728,6 +809,16 @@ class _StreamOptions:
     collection_ids: frozenset[int] | None = None
     scope_id: int | None = None
     purge_seqno: int | None = None
+
+
+def _hello_problem(asked: set[int]) -> str | None:
+    """Why kv_engine refuses this set of HELLO features (EINVAL), if it does."""
+    for feature, needed, why in _NEEDS:
+        if feature in asked and needed not in asked:
+            return why
+    if HelloFeature.TCP_NODELAY in asked and HelloFeature.TCP_DELAY in asked:
+        return "TCPNODELAY cannot co-exist with TCPDELAY"
+    return None
 
 
 def _stream_id_problem(settings: ProducerSettings, stream_id: int | None) -> str | None:

@@ -4,6 +4,8 @@ A pure function of the current settings and one (key, value) pair, following kv_
 `DcpProducer::control`: unknown keys and bad values answer EINVAL, features this producer does
 not implement answer NOT_SUPPORTED, and `enable_expiry_opcode` is accepted but only takes effect
 on a connection opened with INCLUDE_DELETE_TIMES (expirations then need delete times).
+`change_streams` is accepted with "true" on a bucket that can retain history (magma) and
+answers NOT_SUPPORTED on others, as kv_engine's storage check does.
 """
 
 from __future__ import annotations
@@ -46,6 +48,8 @@ class ProducerSettings:
     priority: str = "medium"
     stream_ids: bool = False
     """enable_stream_id: several streams per vbucket, each message framed with its id."""
+    change_streams: bool = False
+    """change_streams: history is served as HISTORY snapshots (every revision retained)."""
 
     @property
     def marker_version(self) -> MarkerVersion:
@@ -63,6 +67,8 @@ class ConnectionTraits:
     collections: bool = False
     snappy: bool = False
     delete_times: bool = False
+    can_retain_history: bool = False
+    """The bucket's storage can retain history (magma): change_streams may be enabled."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,9 +173,17 @@ def apply_control(
         if value != "true":
             return _invalid(settings, key, value)
         return _ok(replace(settings, stream_ids=True))
+    if key == "change_streams":
+        # One-way, as in kv_engine: only "true" is valid. kv_engine checks the storage only
+        # (couchstore cannot retain history), not whether the connection has collections.
+        if value != "true":
+            return _invalid(settings, key, value)
+        if not traits.can_retain_history:
+            reason = "change_streams needs a bucket that can retain history (magma)"
+            return ControlOutcome(Status.NOT_SUPPORTED, settings, reason)
+        return _ok(replace(settings, change_streams=True))
     if key in (
         "stream_buffer_size",
-        "change_streams",
         "flatbuffers_system_events",
         "cache_transfer",
     ):

@@ -10,7 +10,13 @@ HTTP with basic auth (the bucket's users and passwords):
 - `GET /pools/default/b/BUCKET`: the terse bucket config, the cluster map CCCP hands out;
 - `GET /pools/default/bs/BUCKET` and `/pools/default/bucketsStreaming/BUCKET`: the same,
   streamed: a chunked response that sends the config at once and again on every change,
-  each followed by four newlines, as ns_server separates them.
+  each followed by four newlines, as ns_server separates them;
+- `GET /pools/default/buckets/BUCKET/scopes`: the collections manifest, every collection with
+  its `maxTTL` and `history`, as ns_server lists them.
+
+The full bucket configs (`/pools/default/buckets...`) of a magma bucket add its history
+retention settings (`historyRetentionSeconds`, `historyRetentionBytes`,
+`historyRetentionCollectionDefault`); the terse ones do not, as ns_server's do not.
 
 Unknown paths and buckets answer 404, a missing or wrong password 401, other methods 405.
 Views (`couchApiBase`) and HTTPS management ports are not simulated (docs/simulator.md).
@@ -54,6 +60,10 @@ class ManagementContext(Protocol):
     def topology(self) -> BucketTopology: ...
 
     def config_json(self, node: int) -> bytes: ...
+
+    def scopes_json(self) -> bytes: ...
+
+    def bucket_settings(self) -> dict[str, Any]: ...
 
 
 class ManagementServer:
@@ -141,9 +151,12 @@ class _Handler(BaseHTTPRequestHandler):
         route: dict[str, Callable[[], Any]] = {
             "/pools": lambda: pools(),
             "/pools/default": lambda: pool_default(owner.cluster.topology, owner.node),
-            "/pools/default/buckets": lambda: [self._config()],
-            f"/pools/default/buckets/{bucket}": self._config,
+            "/pools/default/buckets": lambda: [self._full_config()],
+            f"/pools/default/buckets/{bucket}": self._full_config,
             f"/pools/default/b/{bucket}": self._config,
+            f"/pools/default/buckets/{bucket}/scopes": lambda: json.loads(
+                owner.cluster.scopes_json()
+            ),
         }
         if path in route:
             self._send(200, json.dumps(route[path](), separators=(",", ":")).encode())
@@ -163,6 +176,11 @@ class _Handler(BaseHTTPRequestHandler):
     def _config(self) -> Any:
         owner = self.server.owner
         return json.loads(owner.cluster.config_json(owner.node))
+
+    def _full_config(self) -> Any:
+        config = self._config()
+        config.update(self.server.owner.cluster.bucket_settings())
+        return config
 
     def _authorised(self, credentials: CredentialStore) -> bool:
         header = self.headers.get("Authorization", "")

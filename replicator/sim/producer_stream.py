@@ -233,6 +233,11 @@ class ProducerStream:
             self._queue_end(StreamEndReason.FILTER_EMPTY)
             return
         if part.is_last_part:
+            if part.prologue:
+                # The deduplicated part before a HISTORY snapshot: kv_engine sends its marker
+                # only with an item, and the HISTORY marker (same range) follows at once.
+                self._marker = None
+                return
             self._finish_snapshot(marker)
 
     def _finish_snapshot(self, marker: SnapshotMarker) -> None:

@@ -472,19 +472,17 @@ class Session:
         self._malformed_documents_only = documents_only
 
     def _push_cluster_map(self) -> None:
-        features = self._commands.features
-        if not (
-            HelloFeature.CLUSTERMAP_CHANGE_NOTIFICATION in features
-            and HelloFeature.DUPLEX in features
-            and self._commands.bucket_selected
-        ):
+        commands = self._commands
+        kind = commands.clustermap_notifications
+        if kind is None or not commands.bucket_selected:
             return
         epoch, revision = self._cluster.config_revision()
+        # A brief notification names the version only; the client fetches the map itself.
+        config = b"" if kind == "brief" else self._cluster.config_json(self.node.index)
+        if config:
+            commands.config_sent(epoch, revision)
         notification = ClustermapChangeNotification(
-            self._cluster.bucket.name,
-            revision,
-            epoch,
-            self._cluster.config_json(self.node.index),
+            self._cluster.bucket.name, revision, epoch, config
         )
         self.queue(encode_server_request(notification))
 

@@ -8,6 +8,14 @@ they give deduplicated backfills, `state_at` and failover truncation without cop
 Serving follows kv_engine: a stream behind the in-memory checkpoints first gets a DISK
 snapshot of one item per key (the latest as of the vbucket's high seqno then, purged tombstones
 absent, marker end = that high seqno); after that, one MEMORY snapshot per batch of writes.
+
+History retention (Couchbase 7.2+ change streams, magma buckets): with a retention by age
+and/or bytes, the vbucket keeps a history window, the newest seqnos from `history_start_seqno`
+on. A change-streams stream gets every revision of the documents of history-enabled collections
+in that window: a disk snapshot reaching into it is split as kv_engine splits it (a deduplicated
+prologue below the window, then a HISTORY snapshot), and a batch that writes a history-enabled
+key twice is split into two checkpoints (memory snapshots), as kv_engine's historical
+checkpoints never hold one key twice.
 """
 
 from __future__ import annotations
@@ -18,7 +26,7 @@ import threading
 import time
 from array import array
 from bisect import bisect_left
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence, Set
 from dataclasses import dataclass
 
 from replicator.dcp.events import (
@@ -55,6 +63,9 @@ _HLC_LOGICAL_MASK = 0xFFFF
 """kv_engine's hybrid logical clock keeps a counter in the low 16 bits of the CAS."""
 
 DEFAULT_CHECKPOINT_MAX_ITEMS = 10_000
+
+DocumentItem = Mutation | Deletion | Expiration
+"""A revision of a document (what `VBucket.history_revisions` lists)."""
 
 
 class DocumentNotFoundError(LookupError):
@@ -102,11 +113,32 @@ class ServedSnapshot:
     backfills are served in parts); `is_last_part` says the snapshot ends with these items.
     Expirations are recorded as `Expiration`: the server sends them as DELETION to consumers
     that did not enable the expiry opcode (see `expiration_as_deletion`).
+
+    `prologue` marks every part of the deduplicated disk snapshot that precedes a HISTORY
+    snapshot of the same range (kv_engine's NoHistoryPrecedingHistory): its marker is sent
+    only along with an item, and nothing (no SEQNO_ADVANCED) closes it; the HISTORY snapshot's
+    marker follows.
     """
 
     marker: SnapshotMarker | None
     items: tuple[HistoryItem, ...]
     is_last_part: bool
+    prologue: bool = False
+
+
+def history_item_size(item: HistoryItem) -> int:
+    """What an item counts against a history retention by bytes: its key, value and xattrs
+    (for a system event, its name), in bytes."""
+    if isinstance(item, SystemEvent):
+        return len(item.name.encode())
+    size = len(item.key)
+    if isinstance(item, Expiration):
+        return size
+    if isinstance(item, Mutation):
+        size += len(item.value)
+    for name, value in item.xattrs:
+        size += len(name.encode()) + len(value.encode())
+    return size
 
 
 def expiration_as_deletion(expiration: Expiration) -> Deletion:
@@ -136,8 +168,12 @@ def item_identity(item: HistoryItem) -> ItemIdentity:
 class _SnapshotInProgress:
     marker: SnapshotMarker | None  # still to be sent with the first part
     next_seqno: int
-    end_seqno: int
+    end_seqno: int  # the marker's end: what deduplication looks up to
     is_disk: bool
+    last_seqno: int  # the last seqno this snapshot reads (a prologue stops before history)
+    history_from: int = 0  # from here on, history-enabled collections keep every revision
+    prologue: bool = False
+    follow_up: _SnapshotInProgress | None = None  # the HISTORY snapshot after a prologue
 
 
 class VBucket:
@@ -145,6 +181,10 @@ class VBucket:
 
     Every method takes `lock` (shared by a bucket's vbuckets), so tests may write while server
     threads read through cursors; `lock.notify_all()` runs after each change.
+
+    History retention is on when `history_retention_seconds` or `history_retention_bytes`
+    (this vbucket's share of the bucket's budget) is positive; `history_collections` holds the
+    ids of the collections with history (the bucket shares its live set).
     """
 
     def __init__(
@@ -156,9 +196,17 @@ class VBucket:
         may_contain_duplicates: bool = False,
         checkpoint_max_items: int = DEFAULT_CHECKPOINT_MAX_ITEMS,
         clock_ns: Callable[[], int] = time.time_ns,
+        history_retention_seconds: int = 0,
+        history_retention_bytes: int = 0,
+        history_collections: Set[int] = frozenset(),
     ) -> None:
         if checkpoint_max_items < 1:
             raise ValueError(f"checkpoint_max_items must be positive, got {checkpoint_max_items}")
+        if history_retention_seconds < 0 or history_retention_bytes < 0:
+            raise ValueError(
+                "history retention must not be negative, got "
+                f"{history_retention_seconds} s and {history_retention_bytes} bytes"
+            )
         self.vbucket = vbucket
         self.lock = lock if lock is not None else threading.Condition(threading.RLock())
         self.may_contain_duplicates = may_contain_duplicates
@@ -178,6 +226,15 @@ class VBucket:
         self._purge_seqno = 0
         self._last_cas = 0
         self._generation = 0
+        self._history_seconds = history_retention_seconds
+        self._history_bytes = history_retention_bytes
+        self._history_collections = history_collections
+        self._retains_history = history_retention_seconds > 0 or history_retention_bytes > 0
+        # Kept only while retaining history: per item its HLC time (ns, never decreasing) and
+        # the running total of item sizes (_size_totals[s] = sizes of seqnos 1..s).
+        self._item_times = array("Q")
+        self._size_totals = array("Q", [0])
+        self._history_floor = 0  # history once purged never comes back
 
     # -- state --------------------------------------------------------------------------
 
@@ -194,6 +251,45 @@ class VBucket:
     def memory_low_seqno(self) -> int:
         """Checkpoints hold the items above this seqno; a stream behind it is backfilled."""
         return self._memory_low_seqno
+
+    @property
+    def retains_history(self) -> bool:
+        """True when history retention is on (by age, by bytes or both)."""
+        return self._retains_history
+
+    @property
+    def history_start_seqno(self) -> int:
+        """The first seqno of the history window; 0 when no history is retained.
+
+        The window holds the newest items within the byte budget whose CAS time is within
+        the age limit; high seqno + 1 means none is (the next write starts it again).
+        """
+        with self.lock:
+            return self._history_start()
+
+    def history_revisions(self) -> list[DocumentItem]:
+        """Every revision in the history window of a collection with history, by seqno.
+
+        What a change-streams stream serves of those collections from the window start on:
+        dropped collections and purged tombstones are left out, as they are from backfills.
+        """
+        with self.lock:
+            start = self._history_start()
+            if not start:
+                return []
+            history, cids, dropped = self._history, self._history_collections, self._dropped_at
+            purge_seqno = self._purge_seqno
+            revisions: list[DocumentItem] = []
+            for index in range(start - 1, len(history)):
+                item = history[index]
+                if isinstance(item, SystemEvent):
+                    continue
+                if item.collection_id not in cids or item.collection_id in dropped:
+                    continue
+                if not isinstance(item, Mutation) and item.by_seqno <= purge_seqno:
+                    continue
+                revisions.append(item)
+            return revisions
 
     @property
     def manifest_events_applied(self) -> int:
@@ -253,15 +349,25 @@ class VBucket:
         """Apply document writes as one batch (one memory snapshot); returns the items written.
 
         All writes are checked before any is applied, so a failing batch changes nothing.
+        While retaining history, a second write of a key of a collection with history starts
+        a new memory snapshot (checkpoint) at that write.
         """
         if not writes:
             return ()
         with self.lock:
             self.check_writes(writes)
             now_s = self._clock_ns() // _NANOS_PER_SECOND
-            written = tuple(self._write_document(write, now_s) for write in writes)
+            written = []
+            for write in writes:
+                if self._retains_history and write.collection_id in self._history_collections:
+                    # A historical checkpoint never holds one key twice: a second revision
+                    # of the key goes into a new checkpoint (kv_engine).
+                    previous = self._latest.get((write.collection_id, write.key), 0)
+                    if previous > (self._batch_ends[-1] if self._batch_ends else 0):
+                        self._end_batch()
+                written.append(self._write_document(write, now_s))
             self._end_batch()
-            return written
+            return tuple(written)
 
     def check_writes(self, writes: Sequence[DocumentWrite]) -> None:
         """Raise if `apply_writes(writes)` would fail (missing document, dropped collection)."""
@@ -365,6 +471,8 @@ class VBucket:
                 raise ValueError(
                     f"vbucket {self.vbucket}: lose_last must be in 0..{high}, got {lose_last}"
                 )
+            if self._retains_history and high:
+                self._history_start()  # what was purged before the failover stays purged
             self._truncate(high - lose_last)
             self._generation += 1
             self.lock.notify_all()
@@ -385,10 +493,12 @@ class VBucket:
         end_seqno: int = MAX_SEQNO,
         *,
         snap_start_seqno: int | None = None,
+        change_streams: bool = False,
     ) -> StreamCursor:
         """A cursor serving everything after `start_seqno` up to `end_seqno`.
 
         `snap_start_seqno` is the request's; the first marker starts no later than it.
+        With `change_streams` (the DCP control), history is served as HISTORY snapshots.
         """
         with self.lock:
             if start_seqno > len(self._history):
@@ -401,7 +511,14 @@ class VBucket:
             snap_start = start_seqno if snap_start_seqno is None else snap_start_seqno
             if snap_start > start_seqno:
                 raise ValueError(f"snap start {snap_start} is beyond start seqno {start_seqno}")
-            return StreamCursor(self, start_seqno, end_seqno, snap_start, self._generation)
+            return StreamCursor(
+                self,
+                start_seqno,
+                end_seqno,
+                snap_start,
+                self._generation,
+                change_streams=change_streams,
+            )
 
     # -- internals ----------------------------------------------------------------------
 
@@ -495,6 +612,11 @@ class VBucket:
         self._history.append(item)
         self._superseded_by.append(0)
         self._previous.append(previous_seqno)
+        if self._retains_history:
+            # System events carry no CAS; they take an HLC tick for their time.
+            stamp = self._next_cas() if isinstance(item, SystemEvent) else item.cas
+            self._item_times.append(stamp)
+            self._size_totals.append(self._size_totals[-1] + history_item_size(item))
         if previous_seqno:
             self._superseded_by[previous_seqno - 1] = seqno
         self._latest[identity] = seqno
@@ -513,6 +635,25 @@ class VBucket:
     def _forget_expiring(self, collection_id: int) -> None:
         for identity in [i for i in self._expiring if i[0] == collection_id]:
             del self._expiring[identity]
+
+    def _history_start(self) -> int:
+        """`history_start_seqno` (under the lock); moves the purge watermark up."""
+        high = len(self._history)
+        if not self._retains_history or not high:
+            return 0
+        start = max(1, self._history_floor)
+        if self._history_bytes:
+            totals = self._size_totals
+            # The smallest s with (sizes of s..high) <= budget: totals[s - 1] >= total - budget.
+            start = max(start, bisect_left(totals, totals[high] - self._history_bytes) + 1)
+        if self._history_seconds:
+            # Retained while (now - CAS time) <= retention, both in whole seconds.
+            now_s = self._clock_ns() // _NANOS_PER_SECOND
+            oldest_ns = (now_s - self._history_seconds) * _NANOS_PER_SECOND
+            start = max(start, bisect_left(self._item_times, oldest_ns) + 1)
+        start = min(start, high + 1)
+        self._history_floor = start
+        return start
 
     def _end_batch(self) -> None:
         high = len(self._history)
@@ -547,6 +688,11 @@ class VBucket:
         del history[new_high:]
         del previous[new_high:]
         del superseded[new_high:]
+        if self._retains_history:
+            del self._item_times[new_high:]
+            del self._size_totals[new_high + 1 :]
+            # Only the lost tail goes: the retained history below stays, none comes back.
+            self._history_floor = min(self._history_floor, new_high + 1)
         for identity in touched:
             seqno = self._latest.get(identity)
             item = history[seqno - 1] if seqno else None
@@ -571,24 +717,63 @@ class VBucket:
         self._purge_seqno = min(self._purge_seqno, new_high)
 
     def _plan_snapshot(
-        self, position: int, end_seqno: int, first_marker_start: int | None
+        self,
+        position: int,
+        end_seqno: int,
+        first_marker_start: int | None,
+        change_streams: bool = False,
     ) -> _SnapshotInProgress:
         high = len(self._history)
         if position < self._memory_low_seqno:
-            start, end, is_disk = position + 1, min(high, end_seqno), True
+            start, end = position + 1, min(high, end_seqno)
+            if first_marker_start is not None:
+                # A stream's first marker starts no later than the request's snap start.
+                start = min(start, first_marker_start)
             flags = SnapshotFlags.DISK | SnapshotFlags.CHECKPOINT
-        else:
-            index = bisect_left(self._batch_ends, position + 1)
-            batch_start = self._batch_ends[index - 1] + 1 if index else 1
-            start = max(batch_start, position + 1)
-            end, is_disk = min(self._batch_ends[index], end_seqno), False
-            flags = SnapshotFlags.MEMORY | SnapshotFlags.CHECKPOINT
-            if self.may_contain_duplicates:
-                flags |= SnapshotFlags.MAY_CONTAIN_DUPLICATES
+            history_start = self._history_start() if change_streams else 0
+            plain = _SnapshotInProgress(
+                self._marker(start, end, flags, is_disk=True), position + 1, end, True, end
+            )
+            if not history_start or history_start > end:
+                return plain
+            # kv_engine: the part of the backfill in the history window is a HISTORY snapshot
+            # keeping every revision of history-enabled collections; the part below it, if
+            # any, a deduplicated snapshot first. Both markers name the whole range.
+            history_flags = flags | SnapshotFlags.HISTORY | SnapshotFlags.MAY_CONTAIN_DUPLICATES
+            history = _SnapshotInProgress(
+                self._marker(start, end, history_flags, is_disk=True),
+                max(position + 1, history_start),
+                end,
+                True,
+                end,
+                history_from=history_start,
+            )
+            if position + 1 >= history_start:
+                return history
+            plain.last_seqno = history_start - 1
+            plain.prologue = True
+            plain.follow_up = history
+            return plain
+        index = bisect_left(self._batch_ends, position + 1)
+        batch_start = self._batch_ends[index - 1] + 1 if index else 1
+        start = max(batch_start, position + 1)
+        end = min(self._batch_ends[index], end_seqno)
         if first_marker_start is not None:
-            # A stream's first marker starts no later than the request's snap start (kv_engine).
             start = min(start, first_marker_start)
-        marker = SnapshotMarker(
+        flags = SnapshotFlags.MEMORY | SnapshotFlags.CHECKPOINT
+        if self.may_contain_duplicates:
+            flags |= SnapshotFlags.MAY_CONTAIN_DUPLICATES
+        if change_streams and self._retains_history:
+            # A checkpoint written while the bucket retains history is historical: kv_engine
+            # flags it HISTORY (not MAY_CONTAIN_DUPLICATES: it never holds one key twice).
+            flags |= SnapshotFlags.HISTORY
+        marker = self._marker(start, end, flags, is_disk=False)
+        return _SnapshotInProgress(marker, position + 1, end, False, end)
+
+    def _marker(
+        self, start: int, end: int, flags: SnapshotFlags, *, is_disk: bool
+    ) -> SnapshotMarker:
+        return SnapshotMarker(
             vbucket=self.vbucket,
             start_seqno=start,
             end_seqno=end,
@@ -598,22 +783,34 @@ class VBucket:
             purge_seqno=self._purge_seqno,
             high_prepared_seqno=0 if is_disk else None,
         )
-        return _SnapshotInProgress(marker, position + 1, end, is_disk)
 
     def _serve(self, snapshot: _SnapshotInProgress, max_items: int) -> ServedSnapshot:
         history, superseded = self._history, self._superseded_by
-        end = snapshot.end_seqno
+        end, last = snapshot.end_seqno, snapshot.last_seqno
         keep_duplicates = not snapshot.is_disk and self.may_contain_duplicates
         purge_seqno = self._purge_seqno if snapshot.is_disk else 0
         dropped = self._dropped_at
+        history_from = snapshot.history_from
+        history_collections = self._history_collections
         items: list[HistoryItem] = []
         seqno = snapshot.next_seqno
-        while seqno <= end and len(items) < max_items:
+        while seqno <= last and len(items) < max_items:
             item = history[seqno - 1]
             replaced_at = superseded[seqno - 1]
-            seqno += 1
-            if not keep_duplicates and replaced_at and replaced_at <= end:
+            if (
+                not keep_duplicates
+                and replaced_at
+                and replaced_at <= end
+                and not (
+                    history_from
+                    and seqno >= history_from
+                    and not isinstance(item, SystemEvent)
+                    and item.collection_id in history_collections
+                )
+            ):
+                seqno += 1
                 continue  # a later version within this snapshot replaces it
+            seqno += 1
             if isinstance(item, SystemEvent):
                 items.append(item)
                 continue
@@ -625,7 +822,7 @@ class VBucket:
             items.append(item)
         snapshot.next_seqno = seqno
         marker, snapshot.marker = snapshot.marker, None
-        return ServedSnapshot(marker, tuple(items), seqno > end)
+        return ServedSnapshot(marker, tuple(items), seqno > last, snapshot.prologue)
 
 
 class StreamCursor:
@@ -642,8 +839,11 @@ class StreamCursor:
         end_seqno: int,
         snap_start_seqno: int,
         generation: int,
+        *,
+        change_streams: bool = False,
     ) -> None:
         self._vbucket = vbucket
+        self._change_streams = change_streams
         self._snap_start_seqno = snap_start_seqno
         self._position = start_seqno
         self._end_seqno = end_seqno
@@ -687,13 +887,13 @@ class StreamCursor:
                     return None
                 first_start = self._snap_start_seqno if self._snapshots_started == 0 else None
                 self._snapshot = vbucket._plan_snapshot(
-                    self._position, self._end_seqno, first_start
+                    self._position, self._end_seqno, first_start, self._change_streams
                 )
                 self._snapshots_started += 1
             part = vbucket._serve(self._snapshot, max_items)
             self._position = self._snapshot.next_seqno - 1
             if part.is_last_part:
-                self._snapshot = None
+                self._snapshot = self._snapshot.follow_up
             return part
 
     def has_pending(self) -> bool:

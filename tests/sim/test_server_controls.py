@@ -88,3 +88,14 @@ def test_unknown_keys_are_einval_and_unsimulated_features_not_supported() -> Non
     assert apply("force_value_compression", "true", PLAIN)[0] == Status.EINVAL
     assert apply("force_value_compression", "true")[1].force_compression
     assert apply("enable_out_of_order_snapshots", "true_with_seqno_advanced")[0] == Status.SUCCESS
+
+
+def test_change_streams_needs_true_and_a_bucket_that_can_retain_history() -> None:
+    magma = ConnectionTraits(can_retain_history=True)  # no collections: kv_engine accepts
+    status, settings = apply("change_streams", "true", magma)
+    assert status == Status.SUCCESS and settings.change_streams
+    for value in ("false", "", "TRUE", "1"):
+        assert apply("change_streams", value, magma)[0] == Status.EINVAL, value
+    outcome = apply_control(ProducerSettings(), COLLECTIONS, "change_streams", "true")
+    assert outcome.status == Status.NOT_SUPPORTED and "magma" in outcome.reason
+    assert not outcome.settings.change_streams
