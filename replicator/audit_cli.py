@@ -1,6 +1,6 @@
 """`replicator audit`: ask a mirror's history questions from the command line.
 
-    replicator audit --target PATH history KEY [--collection C]
+    replicator audit --target PATH history KEY [--collection C] [--committed]
     replicator audit --target PATH as-of (--version V | --timestamp T)
     replicator audit --target PATH at-seqno VB SEQNO
     replicator audit --target PATH changes --from X --to Y
@@ -50,9 +50,18 @@ def add_audit_arguments(parser: argparse.ArgumentParser) -> None:
     add_engine_flag(parser)
     questions = parser.add_subparsers(dest="audit_command", required=True, metavar="QUESTION")
 
-    history = questions.add_parser("history", help="every committed version of one document")
+    history = questions.add_parser(
+        "history",
+        help="every revision of one document (from the history table of a --history run), "
+        "else every committed version",
+    )
     history.add_argument("key", help="the document key")
     history.add_argument("--collection", help="scope.collection, when the key is in several")
+    history.add_argument(
+        "--committed", action="store_true",
+        help="the versions the mirror's commits left (change data feed), even with a history "
+        "table",
+    )
 
     as_of = questions.add_parser("as-of", help="the mirror at a table version or a time")
     when = as_of.add_mutually_exclusive_group(required=True)
@@ -114,10 +123,12 @@ class Answer:
 def _history(spark: SparkSession | None, args: argparse.Namespace) -> Answer:
     from replicator.audit import document_history
 
+    if not args.committed:
+        revisions = _revisions(spark, args)
+        if revisions is not None:
+            return revisions
     versions = document_history(spark, args.target, args.key, collection=args.collection,
                                 engine=args.engine)
-
-    versions = document_history(spark, args.target, args.key, collection=args.collection)
     document = {"key": args.key, "versions": [v.to_json() for v in versions]}
     if not versions:
         return Answer(f"the mirror at {args.target} never held key {args.key!r}", document)
@@ -130,6 +141,35 @@ def _history(spark: SparkSession | None, args: argparse.Namespace) -> Answer:
     ]
     title = f"history of {args.key!r}: {len(versions)} versions"
     return Answer(_table(title, header, rows, numeric=(0, 5, 6)), document)
+
+
+def _revisions(spark: SparkSession | None, args: argparse.Namespace) -> Answer | None:
+    """Every revision from the history table; None when the mirror has none."""
+    from replicator.inspect.revisions import revision_history
+
+    revisions = revision_history(
+        spark, args.target, args.key, collection=args.collection, engine=args.engine
+    )
+    if revisions is None:
+        return None
+    document = {"key": args.key, "source": "history", "revisions": [r.to_json() for r in revisions]}
+    if not revisions:
+        return Answer(f"the history of {args.target} holds no revision of key {args.key!r}",
+                      document)
+    header = ("seqno", "rev", "operation", "version", "committed", "rolled back", "collection",
+              "cas", "value")
+    rows = [
+        (str(r.seqno), str(r.rev_seqno), r.operation, str(r.table_version),
+         format_time(r.committed_at),
+         "-" if r.rolled_back_at is None else f"at version {r.rolled_back_at}",
+         r.collection_path, str(r.cas), _short(r.value))
+        for r in revisions
+    ]  # fmt: skip
+    undone = sum(r.rolled_back_at is not None for r in revisions)
+    title = f"revisions of {args.key!r}: {len(revisions)}" + (
+        f", {undone} of them rolled back" if undone else ""
+    )
+    return Answer(_table(title, header, rows, numeric=(0, 1, 3, 7)), document)
 
 
 def _as_of(spark: SparkSession | None, args: argparse.Namespace) -> Answer:

@@ -79,6 +79,11 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         "--until-caught-up", action="store_true",
         help="stop once every vbucket has committed the high seqno seen at start",
     )
+    parser.add_argument(
+        "--history", action="store_true",
+        help="open change streams and keep every revision of collections with history "
+        "retention in a history table beside the mirror (Couchbase 7.2+)",
+    )
     for flag, field, kind, text in _METRICS_FLAGS:
         parser.add_argument(flag, dest=field, type=kind, default=None, help=text)
 
@@ -102,7 +107,11 @@ def run_command(args: argparse.Namespace, *, spark: SparkSession | None = None) 
     from replicator.runner import run_replication
 
     config = config_from_args(
-        args, {"until_caught_up": True if args.until_caught_up else None}
+        args,
+        {
+            "until_caught_up": True if args.until_caught_up else None,
+            "history": True if args.history else None,
+        },
     )
     config.require_source_and_target()
     summary = run_replication(config, spark=spark)

@@ -152,6 +152,9 @@ class ReplicatorConfig:
     """Write the metrics as a log line this often (0: never)."""
     source_check_interval_s: float = 30.0
     """How often a run asks the producer for its high seqnos: the lag's resolution."""
+    history: bool = False
+    """Open change streams and keep every revision of collections with history retention in a
+    history table beside the mirror (`_replicator/history`)."""
 
     def __post_init__(self) -> None:
         if self.memory_budget_mb < 8:

@@ -35,7 +35,11 @@ from replicator.replication import (
     stop_on_signals,
 )
 from replicator.snapshots.planner import CommitBatch, CommitThresholds, without_vbucket
-from replicator.snapshots.rows import ChangeRowConverter, CollectionRegistry
+from replicator.snapshots.rows import (
+    ChangeRowConverter,
+    CollectionRegistry,
+    collections_with_history,
+)
 from replicator.snapshots.staging import Stager, StreamStager
 
 if TYPE_CHECKING:
@@ -89,6 +93,9 @@ class DeltaMirrorStore:
                      list(state.repaired_versions))
         self.next_batch_id = state.next_batch_id
         self._executor.new_batches_from = state.next_batch_id
+        if self._executor.history is not None:
+            # Rows of batches that never committed; their ids are used again from here.
+            self._executor.history.forget_uncommitted(self._claim.owner_id, state.next_batch_id)
         return RecoveredMirror(state.positions, state.failover_logs, state.next_batch_id)
 
     def save_failover_logs(self, logs: Mapping[int, FailoverLog]) -> None:
@@ -177,6 +184,7 @@ def client_options(config: ReplicatorConfig, *, tls: bool) -> ClientOptions:
                 parse_sasl_mechanism(config.sasl_mechanism) if config.sasl_mechanism else None
             ),
             tls=TlsSettings(ca_file=config.tls_ca or None) if tls else TlsSettings(),
+            change_streams=config.history,
         )
     )
 
@@ -353,6 +361,7 @@ def run_replication(
     """
     from replicator.delta.compaction import Compactor
     from replicator.delta.executor import CommitExecutor
+    from replicator.delta.history import HistoryTable
     from replicator.delta.ownership import OwnersTable
     from replicator.delta.schema import MirrorConfig
     from replicator.delta.table import open_or_create
@@ -390,8 +399,13 @@ def run_replication(
         )
         owners = OwnersTable.of(mirror)
         claim = owners.claim(vbuckets)
+        history = None
+        if source.history:
+            history = HistoryTable.of(mirror)
+            history.ensure(mirror.config)
         executor = CommitExecutor(
-            mirror, claim, owners, fault_hook=fault_hook, checkpoint_every=CHECKPOINT_EVERY
+            mirror, claim, owners, fault_hook=fault_hook, checkpoint_every=CHECKPOINT_EVERY,
+            history=history,
         )
         store = DeltaMirrorStore(
             executor, owners, claim, compactor=Compactor(mirror, claim.vbuckets)
@@ -462,6 +476,8 @@ class SourceCheck:
     """Each active vbucket's high seqno; None when the source cannot tell them."""
     targets: dict[int, int] | None
     """With --until-caught-up, the high seqno each vbucket must reach."""
+    history: bool = False
+    """`history` was asked for and the producer streams history snapshots."""
 
 
 def check_source(
@@ -497,7 +513,31 @@ def check_source(
         {vb: highs.get(vb, 0) for vb in vbuckets}
         if config.until_caught_up and highs is not None else None
     )
-    return SourceCheck(manifest, highs, targets)
+    return SourceCheck(manifest, highs, targets, history=config.history and _history_ready(
+        client, manifest
+    ))
+
+
+def _history_ready(client: DcpClient, manifest: Mapping[str, object]) -> bool:
+    """Whether `history` can record anything; says clearly why not (the mirror runs anyway)."""
+    if not client.change_streams():
+        log.warning(
+            "history: the producer of bucket %s refused change streams (Couchbase Server before "
+            "7.2 has none): no history is recorded, the mirror is replicated as usual",
+            client.bucket,
+        )
+        return False
+    with_history = collections_with_history(manifest)
+    if not with_history:
+        log.warning(
+            "history: no collection of bucket %s keeps history (history retention is off, or "
+            "no collection has history enabled): the history table gets revisions only once "
+            "one does",
+            client.bucket,
+        )
+    else:
+        log.info("history: recording every revision of %s", ", ".join(with_history))
+    return True
 
 
 def _detail(error: UnsupportedCommandError) -> str:

@@ -320,6 +320,10 @@ class DcpClient:
         with self._lock:
             return self._last_connection_error
 
+    def change_streams(self, *, timeout: float | None = None) -> bool:
+        """Whether a live connection's producer accepted change streams (history snapshots)."""
+        return self._any_connection(timeout).change_streams
+
     @property
     def acknowledged_bytes(self) -> int:
         """Bytes acknowledged to the producers on the live connections (flow-control metric)."""

@@ -153,6 +153,9 @@ class ConnectionOptions:
     enable_expiry_opcode: bool = True
     request_marker_v2_2: bool = True
     """Ask for max_marker_version=2.2 (purge seqno in markers) when collections are on."""
+    change_streams: bool = False
+    """Ask for change streams (history snapshots: every revision of collections with history
+    retention, Couchbase 7.2+); a producer without them refuses, and streams stay deduplicated."""
     include_xattrs: bool = True
     allow_plain_over_tcp: bool = False
     sasl_mechanism: SaslMechanism | None = None
@@ -295,6 +298,11 @@ class NodeConnection:
     def purge_seqno_supported(self) -> bool:
         """The producer accepted max_marker_version=2.2, so stream requests may carry it."""
         return "max_marker_version" in self.accepted_controls
+
+    @property
+    def change_streams(self) -> bool:
+        """The producer accepted change_streams: snapshots flagged HISTORY hold every revision."""
+        return "change_streams" in self.accepted_controls
 
     @property
     def stream_end_on_close(self) -> bool:
@@ -514,6 +522,8 @@ class NodeConnection:
         optional.append(("send_stream_end_on_client_close_stream", "true"))
         if opts.request_marker_v2_2 and self.features.collections:
             optional.append(("max_marker_version", "2.2"))
+        if opts.change_streams and self.features.collections:
+            optional.append(("change_streams", "true"))
         accepted = []
         for key, value in required + optional:
             reply = self._call_sync(DcpControl(key, value))

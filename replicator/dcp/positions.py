@@ -15,6 +15,9 @@ MAX_SEQNO = 0xFFFFFFFFFFFFFFFF
 MAX_FAILOVER_ENTRIES = 25
 """kv_engine keeps at most this many entries in a vbucket's failover table."""
 
+SeqnoRange = tuple[int, int]
+"""An inclusive range of seqnos of one vbucket: (first, last)."""
+
 
 @dataclass(frozen=True, slots=True)
 class FailoverEntry:

@@ -64,11 +64,18 @@ from replicator.delta.table import (
     retry_on_conflict,
 )
 from replicator.errors import OwnershipConflict, ReplicatorError
-from replicator.snapshots.planner import CommitBatch, VbucketCommit, deduplicate_changes
+from replicator.snapshots.planner import (
+    CommitBatch,
+    VbucketCommit,
+    deduplicate_changes,
+    history_revisions,
+)
 from replicator.snapshots.rows import CHANGE_SCHEMA as ARROW_CHANGE_SCHEMA
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
+
+    from replicator.delta.history import HistoryTable
 
 
 FAULT_STEPS = ("before_data_commit", "after_data_commit", "after_checkpoint")
@@ -131,7 +138,9 @@ class CommitExecutor:
     share one checkpoints commit (1: each writes its own at once); `flush_checkpoints` writes
     what is queued, and must run before the checkpoints are read. Batches numbered
     `new_batches_from` or above are known never to have been committed (recovery says so), so
-    they skip the look-up of an earlier attempt in the table history.
+    they skip the look-up of an earlier attempt in the table history. With a `history` table,
+    the revisions of HISTORY snapshots are appended to it before the data commit that applies
+    them (see replicator.delta.history).
     """
 
     def __init__(
@@ -144,6 +153,7 @@ class CommitExecutor:
         conflict_retry: ConflictRetry | None = None,
         pause: Callable[[float], None] = time.sleep,
         checkpoint_every: int = 1,
+        history: HistoryTable | None = None,
     ) -> None:
         if checkpoint_every < 1:
             raise ValueError(f"checkpoint_every must be at least 1, got {checkpoint_every}")
@@ -155,6 +165,7 @@ class CommitExecutor:
         self.conflict_retry = conflict_retry or ConflictRetry()
         self._pause = pause
         self.checkpoint_every = checkpoint_every
+        self.history = history
         self.new_batches_from: int | None = None
         self._queued_checkpoints: list[CommitRecord] = []
         self._landed_commit: CommitRecord | None = None
@@ -187,6 +198,7 @@ class CommitExecutor:
                     {c.vbucket: c.position for c in first_loads},
                     lambda metadata: self._append(first_loads, metadata),
                     details={"trigger": batch.trigger.name.lower()},
+                    before_write=self._history_of(first_loads),
                 )
             )
         if steady:
@@ -199,6 +211,7 @@ class CommitExecutor:
                     {c.vbucket: c.position for c in steady},
                     lambda metadata: self._merge(steady, metadata),
                     details={"trigger": batch.trigger.name.lower()},
+                    before_write=self._history_of(steady),
                 )
             )
         return BatchOutcome(batch.batch_id, tuple(commits))
@@ -212,12 +225,16 @@ class CommitExecutor:
         batch_id: int,
         kind: str,
         details: Mapping[str, Any] | None = None,
+        history_marker: int = 0,
+        revised: Sequence[VbucketCommit] = (),
     ) -> DataCommit:
         """REPLACE strategy: make `rows` (data columns) all of `vbucket`'s rows, in one commit.
 
         Used for a rollback (rows of an older version) and a full resync (a complete stream
         from 0: keys not in `rows` disappear). Only the difference is written: rows that
-        changed, and deletes of rows `rows` lacks, MERGEd like any batch.
+        changed, and deletes of rows `rows` lacks, MERGEd like any batch. With a history
+        table, a rollback marker (the vbucket goes back to `history_marker`) and the history
+        revisions of `revised` (a resync's stream) are appended before the commit.
         """
         if position.vbucket != vbucket:
             raise ValueError(f"position of vbucket {position.vbucket} given for vbucket {vbucket}")
@@ -229,7 +246,8 @@ class CommitExecutor:
             self._merge_source(_replacement_changes(current, wanted), [vbucket], metadata)
 
         return self._commit(
-            batch_id, 0, kind, WriteStrategy.REPLACE, {vbucket: position}, write, details=details
+            batch_id, 0, kind, WriteStrategy.REPLACE, {vbucket: position}, write, details=details,
+            before_write=self._history_of(revised, rollback=(vbucket, history_marker)),
         )
 
     def change_rows(self, commits: Sequence[VbucketCommit]) -> DataFrame:
@@ -267,6 +285,28 @@ class CommitExecutor:
             if commit.dropped_collection_ids:
                 changes = changes.where(_not_in_dropped(commit))
         return changes
+
+    def _history_of(
+        self, commits: Sequence[VbucketCommit], *, rollback: tuple[int, int] | None = None
+    ) -> Callable[[CommitMetadata], None] | None:
+        """What appends to the history table before a commit: a `rollback` marker (vbucket,
+        seqno it goes back to), then `commits`' history revisions. None: nothing to append."""
+        history = self.history
+        if history is None or (
+            rollback is None and not any(commit.history_ranges for commit in commits)
+        ):
+            return None
+
+        def append(metadata: CommitMetadata) -> None:
+            owner_id, batch_id = metadata.owner_id, metadata.batch_id
+            if rollback is not None:
+                history.record_rollback(*rollback, owner_id=owner_id, batch_id=batch_id)
+            history.append(
+                history_revisions(commits), owner_id=owner_id, batch_id=batch_id,
+                part=metadata.part,
+            )
+
+        return append
 
     def _frame_of(self, table: pa.Table) -> DataFrame:
         """A DataFrame of staged rows whose Spark partitions each hold a run of vbuckets.
@@ -363,6 +403,7 @@ class CommitExecutor:
         write: Callable[[CommitMetadata], None],
         *,
         details: Mapping[str, Any] | None = None,
+        before_write: Callable[[CommitMetadata], None] | None = None,
     ) -> DataCommit:
         metadata = CommitMetadata(
             kind=kind,
@@ -380,6 +421,8 @@ class CommitExecutor:
         already_committed = record is not None
         if record is None:
             self.owners.verify(self.claim)
+            if before_write is not None:
+                before_write(metadata)
             self._step("before_data_commit")
             try:
                 self._retrying(what, lambda: self._write(write, metadata), fence=True)

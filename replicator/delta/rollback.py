@@ -199,7 +199,8 @@ def rollback_vbucket(
         return _resync_needed(vbucket, boundary, f"{len(missing)} of its data files were vacuumed")
     try:
         commit = executor.replace_rows(
-            vbucket, old_rows, position, batch_id=batch_id, kind=ROLLBACK, details=details
+            vbucket, old_rows, position, batch_id=batch_id, kind=ROLLBACK, details=details,
+            history_marker=boundary.seqno,
         )
     except CommitFailed as exc:
         if not _unreadable(exc):
@@ -225,7 +226,8 @@ def replace_vbucket(
     rows = executor.change_rows([commit]).where(f"op = '{UPSERT}'").select(*DATA_COLUMNS)
     details = {"vbucket": commit.vbucket, "to_seqno": commit.position.seqno, "reason": reason}
     result = executor.replace_rows(
-        commit.vbucket, rows, commit.position, batch_id=batch_id, kind=RESYNC, details=details
+        commit.vbucket, rows, commit.position, batch_id=batch_id, kind=RESYNC, details=details,
+        history_marker=0, revised=(commit,),
     )
     if failover_log is not None:
         FailoverLogsTable.of(executor.mirror).save({commit.vbucket: failover_log})

@@ -133,6 +133,24 @@ OWNER_SCHEMA = StructType(
 )
 """One row per live claim: which replicator process writes which vbuckets."""
 
+ROLLBACK_OP = "rollback"
+"""`op` of a history row that marks a rollback: the vbucket went back to `seqno`."""
+
+HISTORY_SCHEMA = StructType(
+    [
+        StructField("owner_id", StringType(), nullable=False),
+        StructField("batch_id", LongType(), nullable=False),
+        StructField("part", IntegerType(), nullable=False),
+        *CHANGE_SCHEMA.fields,
+        StructField("recorded_at", TimestampType(), nullable=False),
+    ]
+)
+"""The `--history` table: every revision of HISTORY snapshots (`op` upsert or delete) and a
+row per rollback (`op` rollback: the vbucket went back to `seqno`, revisions above it committed
+earlier are the rolled-back branch). A row counts once the mirror committed its (owner_id,
+batch_id, part): rows of a commit that never landed are left out by readers, and those of
+batch ids a restart uses again are removed then."""
+
 
 def _interval(duration: timedelta) -> str:
     seconds = int(duration.total_seconds())
@@ -219,6 +237,11 @@ class MirrorLayout:
     @property
     def owners(self) -> str:
         return self._child("owners")
+
+    @property
+    def history(self) -> str:
+        """Every revision of documents with history (`--history`)."""
+        return self._child("history")
 
     @property
     def staging(self) -> str:

@@ -346,7 +346,7 @@ def open_or_create(spark: SparkSession, path: str, config: MirrorConfig) -> Mirr
             ("failover_logs", layout.failover_logs, FAILOVER_LOG_SCHEMA),
             ("owners", layout.owners, OWNER_SCHEMA),
         ):
-            _create_if_missing(spark, table_path, schema, config.metadata_table_properties(role))
+            create_if_missing(spark, table_path, schema, config.metadata_table_properties(role))
 
     try:
         # Shards started together race to create the tables; the loser's next pass finds
@@ -498,7 +498,7 @@ def reset_last_commit_version(spark: SparkSession) -> None:
     spark.conf.unset(LAST_COMMIT_VERSION_CONF)
 
 
-def _create_if_missing(
+def create_if_missing(
     spark: SparkSession, path: str, schema: StructType, properties: Mapping[str, str]
 ) -> None:
     from delta.tables import DeltaTable

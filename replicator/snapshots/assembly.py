@@ -80,6 +80,9 @@ class CompleteSnapshot:
     manifest_uid: int | None = None
     dropped_collection_ids: tuple[int, ...] = ()
     is_oso: bool = False
+    history_from: int | None = None
+    """With HISTORY in `flags`: the first seqno of the snapshot's history part (every revision
+    from there to the end; a backfill's deduplicated part comes before it)."""
 
 
 @dataclass(slots=True)
@@ -96,6 +99,7 @@ class _OpenSnapshot:
     item_count: int = 0
     items: list[ItemEvent] = field(default_factory=list)
     dropped_collection_ids: list[int] = field(default_factory=list)
+    history_from: int | None = None
 
 
 @dataclass(slots=True)
@@ -269,6 +273,13 @@ class SnapshotAssembler:
             )
         completed = None
         if state.open is not None:
+            if _continues_as_history(state.open, marker):
+                # A backfill that reaches into the history window: kv_engine sends its
+                # deduplicated part, then a HISTORY marker of the same range for the rest.
+                state.open.flags |= marker.flags
+                last = state.open.last_seqno
+                state.open.history_from = marker.start_seqno if last is None else last + 1
+                return None
             completed = self._complete(state, Completion.NEXT_MARKER)
         state.open = _OpenSnapshot(
             start_seqno=marker.start_seqno,
@@ -276,6 +287,7 @@ class SnapshotAssembler:
             flags=marker.flags,
             is_oso=False,
             purge_seqno=marker.purge_seqno,
+            history_from=marker.start_seqno if marker.flags & SnapshotFlags.HISTORY else None,
         )
         return completed
 
@@ -341,7 +353,19 @@ class SnapshotAssembler:
             manifest_uid=state.manifest_uid,
             dropped_collection_ids=tuple(snapshot.dropped_collection_ids),
             is_oso=snapshot.is_oso,
+            history_from=snapshot.history_from,
         )
+
+
+def _continues_as_history(open_snapshot: _OpenSnapshot, marker: SnapshotMarker) -> bool:
+    """The marker starts the history part of the open (not yet ended) snapshot."""
+    return (
+        bool(marker.flags & SnapshotFlags.HISTORY)
+        and not open_snapshot.flags & SnapshotFlags.HISTORY
+        and (marker.start_seqno, marker.end_seqno)
+        == (open_snapshot.start_seqno, open_snapshot.end_seqno)
+        and (open_snapshot.last_seqno is None or open_snapshot.last_seqno < marker.end_seqno)
+    )
 
 
 def _item_error(item: ItemEvent, problem: str) -> ProtocolError:

@@ -15,8 +15,9 @@ from dataclasses import dataclass, replace
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from replicator.dcp.positions import FailoverLog, VbucketPosition
-from replicator.snapshots.staging import StagedSnapshots
+from replicator.dcp.positions import FailoverLog, SeqnoRange, VbucketPosition
+from replicator.snapshots.rows import CHANGE_SCHEMA
+from replicator.snapshots.staging import StagedSnapshots, read_rows
 
 _DEDUP_COLUMNS = ("vbucket", "collection_id", "key", "seqno")
 
@@ -104,6 +105,8 @@ class VbucketCommit:
     byte_count: int
     staged_run_ids: tuple[int, ...]
     dropped_collection_ids: tuple[int, ...] = ()
+    history_ranges: tuple[SeqnoRange, ...] = ()
+    """Seqno ranges of HISTORY snapshots among the rows: every revision, for the history."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,6 +231,28 @@ def without_vbucket(batch: CommitBatch, vbucket: int) -> CommitBatch:
     return replace(batch, commits=tuple(c for c in batch.commits if c.vbucket != vbucket))
 
 
+def history_revisions(commits: Sequence[VbucketCommit]) -> pa.Table:
+    """The rows of `commits` staged from HISTORY snapshots, in (vbucket, seqno) order.
+
+    Not deduplicated: in a history snapshot every row is one revision of its document. Reads
+    the spill files of commits that have history.
+    """
+    parts = []
+    for commit in commits:
+        if not commit.history_ranges:
+            continue
+        rows = read_rows(commit.tables, commit.spill_files)
+        seqnos = rows["seqno"]
+        keep = None
+        for first, last in commit.history_ranges:
+            inside = pc.and_(pc.greater_equal(seqnos, first), pc.less_equal(seqnos, last))
+            keep = inside if keep is None else pc.or_(keep, inside)
+        parts.append(rows.filter(keep))
+    if not parts:
+        return CHANGE_SCHEMA.empty_table()
+    return pa.concat_tables(parts).sort_by([("vbucket", "ascending"), ("seqno", "ascending")])
+
+
 def deduplicate_changes(table: pa.Table) -> pa.Table:
     """Keep only the highest-seqno row of each (vbucket, collection_id, key), sorted by them.
 
@@ -327,4 +352,5 @@ def _vbucket_commit(
         byte_count=sum(run.byte_count for run in runs),
         staged_run_ids=tuple(run.run_id for run in runs),
         dropped_collection_ids=tuple(cid for run in runs for cid in run.dropped_collection_ids),
+        history_ranges=tuple(r for run in runs for r in run.history_ranges),
     )

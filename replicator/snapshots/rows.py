@@ -195,6 +195,26 @@ class CollectionRegistry:
             ) from None
 
 
+def collections_with_history(manifest: Mapping[str, object]) -> list[str]:
+    """`scope.collection` of every collection a manifest marks `"history": true` (7.2+).
+
+    >>> collections_with_history({"uid": "2", "scopes": [{"name": "app", "uid": "8",
+    ...     "collections": [{"name": "orders", "uid": "9", "history": True},
+    ...                     {"name": "carts", "uid": "a"}]}]})
+    ['app.orders']
+    """
+    found = []
+    scopes = manifest.get("scopes")
+    for scope in scopes if isinstance(scopes, list) else []:
+        if not isinstance(scope, Mapping):
+            continue
+        collections = scope.get("collections")
+        for collection in collections if isinstance(collections, list) else []:
+            if isinstance(collection, Mapping) and collection.get("history") is True:
+                found.append(f"{scope.get('name')}.{collection.get('name')}")
+    return found
+
+
 class ChangeRowConverter:
     """Turns a chunk of one stream's items into a RecordBatch of CHANGE_SCHEMA rows.
 

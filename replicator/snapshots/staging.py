@@ -45,6 +45,7 @@ from replicator.dcp.events import (
     StreamOpened,
     SystemEvent,
 )
+from replicator.dcp.positions import SeqnoRange
 from replicator.errors import ReplicatorError
 from replicator.snapshots.assembly import CompleteSnapshot, SnapshotAssembler
 from replicator.snapshots.rows import CHANGE_SCHEMA, ChangeRowConverter
@@ -113,7 +114,8 @@ class StagedSnapshots:
     Its rows are the in-memory `tables` plus the `spill_files`, in arrival order (not
     deduplicated). `byte_count` is the Arrow size of all its rows, spilled ones included.
     `ready_since` is the stager clock's time when its first snapshot completed; `claimed_by`
-    is the id of the commit batch that holds it, if any.
+    is the id of the commit batch that holds it, if any. `history_ranges` are the seqno ranges
+    of its snapshots flagged HISTORY (change streams): their rows are every revision.
     """
 
     run_id: int
@@ -131,6 +133,7 @@ class StagedSnapshots:
     byte_count: int
     ready_since: float
     claimed_by: int | None = None
+    history_ranges: tuple[SeqnoRange, ...] = ()
 
     def read_rows(self) -> pa.Table:
         """All rows of the run as one table (reads the spill files)."""
@@ -188,6 +191,7 @@ class _Run:
     rows: _Rows
     ready_since: float
     claimed_by: int | None = None
+    history_ranges: list[SeqnoRange] = field(default_factory=list)
 
     def view(self, vbucket: int) -> StagedSnapshots:
         return StagedSnapshots(
@@ -206,6 +210,7 @@ class _Run:
             byte_count=self.rows.byte_count,
             ready_since=self.ready_since,
             claimed_by=self.claimed_by,
+            history_ranges=tuple(self.history_ranges),
         )
 
 
@@ -376,6 +381,7 @@ class Stager:
                 last.manifest_uid = snapshot.manifest_uid
             last.dropped_collection_ids.extend(snapshot.dropped_collection_ids)
             last.rows.absorb(pending)
+            _note_history(last.history_ranges, snapshot)
             return
         stage.runs.append(
             _Run(
@@ -391,6 +397,7 @@ class Stager:
                 ready_since=self._clock(),
             )
         )
+        _note_history(stage.runs[-1].history_ranges, snapshot)
         self._next_run_id += 1
 
     def ready(self, vbucket: int) -> tuple[StagedSnapshots, ...]:
@@ -745,6 +752,19 @@ class _Chunk:
     rows: int = 0
     bytes: int = 0
     completions: list[tuple[int, CompleteSnapshot]] = field(default_factory=list)
+
+
+def _note_history(ranges: list[SeqnoRange], snapshot: CompleteSnapshot) -> None:
+    """Add a HISTORY snapshot's seqno range, joined to the last range when they touch."""
+    if not snapshot.flags & SnapshotFlags.HISTORY:
+        return
+    first = snapshot.start_seqno if snapshot.history_from is None else snapshot.history_from
+    if first > snapshot.end_seqno:
+        return
+    if ranges and ranges[-1][1] + 1 >= first:
+        ranges[-1] = (ranges[-1][0], max(ranges[-1][1], snapshot.end_seqno))
+    else:
+        ranges.append((first, snapshot.end_seqno))
 
 
 def _voids_partial(event: StreamEvent) -> bool:

@@ -443,3 +443,39 @@ def test_a_run_ending_at_the_end_seqno_completes_the_snapshot() -> None:
     assert done is not None
     assert (done.start_seqno, done.end_seqno, done.item_count) == (1, 4, 3)
     assert done.completed_by is Completion.END_ITEM
+
+
+DISK = SnapshotFlags.DISK | SnapshotFlags.CHECKPOINT
+DISK_HISTORY = DISK | SnapshotFlags.HISTORY | SnapshotFlags.MAY_CONTAIN_DUPLICATES
+
+
+def test_a_history_marker_of_the_same_range_continues_a_backfill_as_its_history_part() -> None:
+    assembler = SnapshotAssembler()
+    assert assembler.feed(marker(1, 9, DISK)) is None
+    assert assembler.feed(mutation(2, b"a")) is None
+    assert assembler.feed(mutation(4, b"b")) is None
+    assert assembler.feed(marker(1, 9, DISK_HISTORY)) is None  # not a new snapshot
+    assert assembler.feed(mutation(5, b"c")) is None
+    assert assembler.feed(mutation(7, b"c")) is None  # a key repeats in the history part
+    done = assembler.feed(mutation(9, b"c"))
+    assert done is not None
+    assert (done.start_seqno, done.end_seqno, done.item_count) == (1, 9, 5)
+    assert done.flags == DISK_HISTORY and done.history_from == 5
+
+
+def test_a_history_backfill_without_a_deduplicated_part_is_history_from_its_start() -> None:
+    assembler = SnapshotAssembler()
+    assembler.feed(marker(3, 4, DISK_HISTORY))
+    assembler.feed(mutation(3))
+    done = assembler.feed(mutation(4))
+    assert done is not None and done.history_from == 3
+
+
+def test_a_second_marker_that_is_not_a_history_part_still_ends_the_open_snapshot() -> None:
+    assembler = SnapshotAssembler()
+    assembler.feed(marker(1, 9, DISK))
+    assembler.feed(mutation(2))
+    # Another range: kv_engine's "next marker completes the previous snapshot" rule holds.
+    done = assembler.feed(marker(10, 12, SnapshotFlags.MEMORY | SnapshotFlags.HISTORY))
+    assert done is not None and done.completed_by is Completion.NEXT_MARKER
+    assert done.history_from is None

@@ -22,7 +22,12 @@ from replicator.dcp.events import (
 from replicator.dcp.positions import FailoverLog
 from replicator.errors import ProtocolError, ReplicatorError
 from replicator.snapshots.assembly import CompleteSnapshot
-from replicator.snapshots.planner import CommitThresholds, plan_commit, without_vbucket
+from replicator.snapshots.planner import (
+    CommitThresholds,
+    history_revisions,
+    plan_commit,
+    without_vbucket,
+)
 from replicator.snapshots.rows import CHANGE_SCHEMA, ChangeRowConverter
 from replicator.snapshots.staging import (
     Stager,
@@ -522,3 +527,55 @@ def test_stream_stager_names_rows_from_system_events(tmp_path: Path) -> None:
     table = stager.ready(0)[0].read_rows()
     assert table["collection"].to_pylist() == ["orders"]
     assert pc.all(pc.equal(table["collection_id"], 9)).as_py()
+
+
+HISTORY = SnapshotFlags.MEMORY | SnapshotFlags.HISTORY | SnapshotFlags.MAY_CONTAIN_DUPLICATES
+
+
+def history_snapshot(vbucket: int, start: int, end: int) -> CompleteSnapshot:
+    return CompleteSnapshot(vbucket, start, end, HISTORY)
+
+
+def test_history_snapshots_are_noted_as_seqno_ranges_joined_when_they_touch(
+    tmp_path: Path,
+) -> None:
+    stager = Stager(tmp_path)
+    stager.stage_rows(3, rows(3, range(1, 3)))
+    stager.complete_snapshot(snapshot(3, 1, 2))  # deduplicated: not history
+    stager.stage_rows(3, rows(3, range(3, 6)))
+    stager.complete_snapshot(history_snapshot(3, 3, 5))
+    stager.stage_rows(3, rows(3, range(6, 8)))
+    stager.complete_snapshot(history_snapshot(3, 6, 7))
+    stager.complete_snapshot(snapshot(3, 8, 9))
+    stager.stage_rows(3, rows(3, range(10, 11)))
+    stager.complete_snapshot(history_snapshot(3, 10, 10))
+    [run] = stager.ready(3)
+    assert run.history_ranges == ((3, 7), (10, 10))
+
+
+def test_history_revisions_are_the_rows_of_history_ranges_spilled_or_not(tmp_path: Path) -> None:
+    stager = Stager(tmp_path, memory_budget_bytes=4096)
+    stager.stage_rows(2, rows(2, range(1, 4)))
+    stager.complete_snapshot(snapshot(2, 1, 3))
+    stager.stage_rows(2, rows(2, range(4, 40), value_size=400))  # spills: over the budget
+    stager.complete_snapshot(history_snapshot(2, 4, 39))
+    stager.stage_rows(5, rows(5, range(1, 3)))
+    stager.complete_snapshot(history_snapshot(5, 1, 2))
+    stager.stage_rows(6, rows(6, range(1, 3)))
+    stager.complete_snapshot(snapshot(6, 1, 2))
+    assert spill_paths(tmp_path)
+    batch = plan(stager, 1)
+    revisions = history_revisions(batch.commits)  # type: ignore[attr-defined]
+    vbuckets, seqnos = revisions["vbucket"].to_pylist(), revisions["seqno"].to_pylist()
+    assert list(zip(vbuckets, seqnos, strict=True)) == [
+        *((2, s) for s in range(4, 40)), (5, 1), (5, 2)
+    ]
+    assert revisions.schema.equals(CHANGE_SCHEMA)
+
+
+def test_only_the_history_part_of_a_backfill_is_noted(tmp_path: Path) -> None:
+    stager = Stager(tmp_path)
+    stager.stage_rows(3, rows(3, range(1, 9)))
+    stager.complete_snapshot(CompleteSnapshot(3, 1, 8, HISTORY, history_from=6))
+    [run] = stager.ready(3)
+    assert run.history_ranges == ((6, 8),)

@@ -1,0 +1,1 @@
+"""The read side: questions asked of a mirror without writing to it."""
