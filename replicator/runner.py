@@ -120,7 +120,10 @@ class DeltaMirrorStore:
             )
             self.next_batch_id += 1
         if self._compactor is not None:
-            self._compactor.compact_if_due()
+            if all(commit.first_load for commit in batch.commits):
+                self._compactor.note_appended()  # appends write healthy files
+            else:
+                self._compactor.compact_if_due()
         return self.next_batch_id
 
     def rollback(

@@ -9,7 +9,10 @@ Compactions are tiered, so that their cost follows the changes rather than the t
 *minor* compaction bin-packs only the files smaller than a share of a partition's size (the
 recent commits' files) and the files whose deleted rows passed `max_deleted_share`; when files
 of the owned partitions still number more than `max_files_per_partition` each, a *full*
-compaction packs each partition into one file. The first compaction of a run is full.
+compaction packs each partition into one file. Until a full compaction has measured the
+partitions, "small" means under `small_file_bytes`. Files that appends add (first loads, at the
+commit's size cap, one per partition) are not what compaction is for: they do not make one due,
+so an initial load rewrites nothing (measured in the README, Performance).
 
 Shards: a partition is compacted by the owner of its first vbucket only, so no two shards compact
 one partition; a compaction that still meets a concurrent commit gives way (it is retried at the
@@ -153,18 +156,25 @@ class Compactor:
     def compact_if_due(self) -> CompactionOutcome | None:
         return self.compact() if self.due() else None
 
+    def note_appended(self) -> None:
+        """The commits since the last look only appended: their files count as healthy."""
+        if self.partitions:
+            self._files_after_last = self.table_files()
+
     def compact(self) -> CompactionOutcome | None:
         """Compact this owner's partitions now (minor, or full when needed); None when a
         concurrent commit got in the way."""
         before = self.table_files()
         started = time.monotonic()
-        full = self._partition_bytes is None
-        if not full:
-            assert self._partition_bytes is not None
-            if not self._optimize(self.policy.minor_file_bytes(self._partition_bytes)):
-                return None
-            limit = self.policy.max_files_per_partition * len(self.partitions)
-            full = self.owned_files() > limit
+        small = (
+            self.policy.small_file_bytes
+            if self._partition_bytes is None
+            else self.policy.minor_file_bytes(self._partition_bytes)
+        )
+        if not self._optimize(small):
+            return None
+        limit = self.policy.max_files_per_partition * len(self.partitions)
+        full = self.owned_files() > limit
         if full:
             if not self._optimize(FULL_COMPACTION_FILE_BYTES):
                 return None

@@ -26,6 +26,7 @@ ids make an attempt that did land count once.
 from __future__ import annotations
 
 import enum
+import itertools
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -33,6 +34,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
+import numpy as np
 import pyarrow as pa
 
 from replicator.dcp.positions import VbucketPosition
@@ -258,26 +260,31 @@ class CommitExecutor:
         """
         # One DataFrame per source, not per vbucket: each createDataFrame or file scan is a
         # fixed cost, and a union of hundreds of them plans and schedules slowly. Likewise one
-        # concatenation and one deduplication for all in-memory vbuckets.
-        in_memory: list[pa.Table] = []
-        spilled_in_memory: list[pa.Table] = []
-        spill_files: list[str] = []
+        # concatenation and one deduplication for all in-memory vbuckets. Rows of a single
+        # snapshot without duplicate keys need no deduplication (an initial load's are).
+        repeating: list[pa.Table] = []
+        unique: list[pa.Table] = []
+        spilled: dict[bool, tuple[list[pa.Table], list[str]]] = {False: ([], []), True: ([], [])}
         for commit in commits:
             if commit.spill_files:
-                spill_files.extend(commit.spill_files)
-                spilled_in_memory.extend(commit.tables)
+                tables, files = spilled[commit.unique_keys]
+                tables.extend(commit.tables)
+                files.extend(commit.spill_files)
             else:
-                in_memory.extend(commit.tables)
+                (unique if commit.unique_keys else repeating).extend(commit.tables)
         frames: list[DataFrame] = []
-        deduplicated = deduplicate_changes(_concat(in_memory))
-        if deduplicated.num_rows:
-            frames.append(self._frame_of(deduplicated))
-        if spill_files:
-            parts = [self.spark.read.schema(CHANGE_SCHEMA).parquet(*_uris(spill_files))]
-            spilled_table = _concat(spilled_in_memory)
-            if spilled_table.num_rows:
-                parts.append(self._frame_of(spilled_table))
-            frames.append(_latest_per_document(_union(parts)))
+        in_memory = _concat([deduplicate_changes(_concat(repeating)), *unique])
+        if in_memory.num_rows:
+            frames.append(self._frame_of(in_memory))
+        for unique_keys, (tables, files) in spilled.items():
+            if not files:
+                continue
+            parts = [self.spark.read.schema(CHANGE_SCHEMA).parquet(*_uris(files))]
+            in_memory_part = _concat(tables)
+            if in_memory_part.num_rows:
+                parts.append(self._frame_of(in_memory_part))
+            frame = _union(parts)
+            frames.append(frame if unique_keys else _latest_per_document(frame))
         if not frames:
             return self.spark.createDataFrame([], CHANGE_SCHEMA)
         changes = _union(frames)
@@ -309,14 +316,24 @@ class CommitExecutor:
         return append
 
     def _frame_of(self, table: pa.Table) -> DataFrame:
-        """A DataFrame of staged rows whose Spark partitions each hold a run of vbuckets.
+        """A DataFrame of staged rows whose Spark partitions each hold rows of one partition of
+        the table only.
 
-        Spark makes one partition per Arrow record batch, and staging leaves thousands of small
-        ones; sorted and rebatched, each partition writes few vbucket directories, so a commit
-        writes about one file per vbucket instead of one per vbucket per batch.
+        Spark makes one partition per Arrow record batch (split at maxRecordsPerBatch), and
+        each task writes a file per table partition it holds: batches cut at partition
+        boundaries make an append write about one file per table partition, not two or three.
         """
         ordered = table.sort_by([("vbucket", "ascending")]).combine_chunks()
-        return self.spark.createDataFrame(ordered, CHANGE_SCHEMA)
+        if ordered.num_rows == 0:
+            return self.spark.createDataFrame(ordered, CHANGE_SCHEMA)
+        width = self.mirror.data_layout.group_width or 1
+        groups = ordered["vbucket"].to_numpy() // width
+        cuts = [0, *(np.flatnonzero(groups[1:] != groups[:-1]) + 1).tolist(), ordered.num_rows]
+        [whole] = ordered.to_batches()
+        aligned = pa.Table.from_batches(
+            [whole.slice(start, end - start) for start, end in itertools.pairwise(cuts)]
+        )
+        return self.spark.createDataFrame(aligned, CHANGE_SCHEMA)
 
     # -- strategies -------------------------------------------------------------------------
 

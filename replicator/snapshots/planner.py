@@ -15,11 +15,15 @@ from dataclasses import dataclass, replace
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from replicator.dcp.events import SnapshotFlags
 from replicator.dcp.positions import FailoverLog, SeqnoRange, VbucketPosition
 from replicator.snapshots.rows import CHANGE_SCHEMA
 from replicator.snapshots.staging import StagedSnapshots, read_rows
 
 _DEDUP_COLUMNS = ("vbucket", "collection_id", "key", "seqno")
+
+_MAY_REPEAT_KEYS = SnapshotFlags.MAY_CONTAIN_DUPLICATES | SnapshotFlags.HISTORY
+"""Snapshots whose keys may repeat: flagged so, or history (every revision, kv_engine 7.2+)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +111,8 @@ class VbucketCommit:
     dropped_collection_ids: tuple[int, ...] = ()
     history_ranges: tuple[SeqnoRange, ...] = ()
     """Seqno ranges of HISTORY snapshots among the rows: every revision, for the history."""
+    unique_keys: bool = False
+    """The rows are one snapshot that DCP promises holds each key once: no deduplication."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -353,4 +359,9 @@ def _vbucket_commit(
         staged_run_ids=tuple(run.run_id for run in runs),
         dropped_collection_ids=tuple(cid for run in runs for cid in run.dropped_collection_ids),
         history_ranges=tuple(r for run in runs for r in run.history_ranges),
+        unique_keys=(
+            len(runs) == 1
+            and runs[0].snapshot_count == 1
+            and not runs[0].flags & _MAY_REPEAT_KEYS
+        ),
     )

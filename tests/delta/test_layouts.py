@@ -132,7 +132,9 @@ def test_a_minor_compaction_packs_recent_files_and_leaves_large_ones(
     vbuckets = (0, 1)
     claim = owners.claim(vbuckets)
     executor = CommitExecutor(mirror, claim, owners)
-    compactor = Compactor(mirror, claim.vbuckets, CompactionPolicy(small_file_bytes=1))
+    compactor = Compactor(
+        mirror, claim.vbuckets, CompactionPolicy(small_file_bytes=1, max_files_per_partition=2)
+    )
     stricter = Compactor(
         mirror, claim.vbuckets, CompactionPolicy(small_file_bytes=1, max_files_per_partition=1)
     )
@@ -153,6 +155,8 @@ def test_a_minor_compaction_packs_recent_files_and_leaves_large_ones(
 
     small_commits(2)
     first = compactor.compact()
+    # Nothing measured yet: "small" is under 1 byte, so the minor pass packs nothing, and the
+    # three files a partition are above that policy's two: a full pass follows.
     assert first is not None and first.full and first.files_after == len(vbuckets)
     large = set(mirror.read().inputFiles())
     small_commits(3)
@@ -166,7 +170,7 @@ def test_a_minor_compaction_packs_recent_files_and_leaves_large_ones(
     assert large <= set(mirror.read().inputFiles())
     assert_df_equality(mirror.read(), expected, ignore_row_order=True)
 
-    assert stricter.compact() is not None  # its first: full
+    assert stricter.compact() is not None
     small_commits(2)
     before = spark.createDataFrame(mirror.read().collect(), mirror.read().schema)
     escalated = stricter.compact()
@@ -174,4 +178,27 @@ def test_a_minor_compaction_packs_recent_files_and_leaves_large_ones(
     assert escalated is not None and escalated.full
     assert escalated.files_after == len(vbuckets) and stricter.full_compactions == 2
     assert_df_equality(mirror.read(), before, ignore_row_order=True)
+    owners.release(claim)
+
+
+def test_files_appends_add_do_not_make_a_compaction_due(spark: Any, tmp_path: Path) -> None:
+    mirror = open_or_create(spark, str(tmp_path / "due"), MirrorConfig("travel", num_vbuckets=8))
+    owners = OwnersTable.of(mirror)
+    claim = owners.claim((0, 1))
+    executor = CommitExecutor(mirror, claim, owners)
+    compactor = Compactor(mirror, claim.vbuckets, CompactionPolicy(files_per_partition=1))
+    assert not compactor.due()  # the baseline: the empty table
+    executor.execute(batch(1, *(
+        vbucket_commit(vb, [upsert(vb, f"k{i}", i + 1) for i in range(20)], seqno=20,
+                       first_load=True)
+        for vb in (0, 1)
+    )))  # fmt: skip
+    assert compactor.due()  # two files more than the baseline
+    compactor.note_appended()
+    assert not compactor.due()
+    executor.execute(batch(2, *(
+        vbucket_commit(vb, [upsert(vb, "k1", 21)], seqno=21, first_load=False, previous_seqno=20)
+        for vb in (0, 1)
+    )))  # fmt: skip
+    assert compactor.due()  # the MERGE's small files
     owners.release(claim)
