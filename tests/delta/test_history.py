@@ -3,12 +3,15 @@ rows of commits that never landed left out by readers and removed on restart, ro
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from replicator.audit_cli import add_audit_arguments, run_audit
 from replicator.delta.executor import CommitExecutor
 from replicator.delta.history import HistoryTable
 from replicator.delta.ownership import OwnersTable
@@ -22,6 +25,12 @@ pytestmark = pytest.mark.spark
 
 class Crash(Exception):
     pass
+
+
+def audit_args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="replicator audit")
+    add_audit_arguments(parser)
+    return parser.parse_args(list(argv))
 
 
 @pytest.fixture
@@ -97,7 +106,7 @@ def test_a_crash_before_the_data_commit_leaves_rows_readers_skip_and_restarts_re
 
 
 def test_a_rollback_is_marked_and_the_discarded_revisions_kept(
-    spark: Any, mirror: MirrorTable
+    spark: Any, mirror: MirrorTable, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from pyspark.sql import functions as F
 
@@ -132,3 +141,19 @@ def test_a_rollback_is_marked_and_the_discarded_revisions_kept(
         (1, None), (2, None), (3, rollback_version), (3, None)
     ]
     assert revisions[-1].value == '{"again":1}'
+
+    # The same from the command line: every revision, the discarded one marked.
+    code = run_audit(audit_args("--target", mirror.layout.data, "history", "r"))
+    text = capsys.readouterr().out
+    assert code == 0
+    assert "revisions of 'r': 4, 1 of them rolled back" in text
+    assert f"at version {rollback_version}" in text
+    run_audit(audit_args("--target", mirror.layout.data, "--json", "history", "r"))
+    document = json.loads(capsys.readouterr().out)
+    assert document["source"] == "history"
+    assert [r["rolled_back_at"] for r in document["revisions"]] == [
+        None, None, rollback_version, None
+    ]
+    run_audit(audit_args("--target", mirror.layout.data, "--json", "history", "r", "--committed"))
+    committed = json.loads(capsys.readouterr().out)
+    assert "versions" in committed and "source" not in committed
