@@ -1,0 +1,1 @@
+"""Drizzle's replication messages, compiled from the .proto files beside this module."""
