@@ -5,9 +5,9 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: setup jars test test-quick demo bench bench-layouts soak lint clean
+.PHONY: setup jars rabbitmq test test-quick demo bench bench-layouts soak lint clean
 
-setup: $(STAMP) jars
+setup: $(STAMP) jars rabbitmq
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -19,6 +19,24 @@ $(STAMP): pyproject.toml
 # Always checked (a no-op taking a fraction of a second when present), so a cleared cache refills.
 jars: $(STAMP)
 	$(PY) -m replicator.jars fetch >/dev/null
+
+# The Drizzle source's tests and demo start a RabbitMQ node of their own (replicator/drizzle/
+# broker.py) from Debian's rabbitmq-server, installed here once. Without root, or sudo that needs
+# no password, this only says the command; the tests that need the broker skip until then.
+RABBITMQ_INSTALL := apt-get -qq update && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	--no-install-recommends rabbitmq-server
+rabbitmq:
+	@if command -v rabbitmq-server >/dev/null 2>&1 || test -x /usr/lib/rabbitmq/bin/rabbitmq-server; then \
+		:; \
+	elif ! command -v apt-get >/dev/null 2>&1; then \
+		echo "rabbitmq-server is not installed (its tests will skip): install RabbitMQ 3.10+" >&2; \
+	elif [ "$$(id -u)" = 0 ]; then \
+		$(RABBITMQ_INSTALL); \
+	elif sudo -n true 2>/dev/null; then \
+		sudo sh -c '$(RABBITMQ_INSTALL)'; \
+	else \
+		echo "rabbitmq-server is not installed (its tests will skip): sudo apt-get install -y rabbitmq-server" >&2; \
+	fi
 
 # Two workers, each file kept on one (its module fixtures and Spark session are built once),
 # handed out in conftest's order, longest first (tests/conftest.py says why).

@@ -1,4 +1,4 @@
-"""Drizzle's replication messages as a second source: the pure message layer, no I/O but files.
+"""Drizzle's replication messages as a second source: messages, log files, RabbitMQ transport.
 
 - `log`: Drizzle's transaction log file (read, follow, write), with its exact framing
 - `assembly`: Transaction messages in, complete transactions out (segments, rollbacks,
@@ -8,6 +8,8 @@
 - `state`: an in-memory model of the source database, for tests and `verify`
 - `workload`: the embedded producer's deterministic transaction stream
 - `proto`: the compiled message definitions
+- `amqp`: publishing to and consuming from a RabbitMQ queue (acknowledged after the commit)
+- `broker`: a private RabbitMQ node started by the project (tests, demo, benchmark)
 """
 
 from replicator.drizzle.assembly import (
