@@ -26,7 +26,6 @@ ids make an attempt that did land count once.
 from __future__ import annotations
 
 import enum
-import itertools
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -34,7 +33,6 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
-import numpy as np
 import pyarrow as pa
 
 from replicator.dcp.positions import VbucketPosition
@@ -316,24 +314,14 @@ class CommitExecutor:
         return append
 
     def _frame_of(self, table: pa.Table) -> DataFrame:
-        """A DataFrame of staged rows whose Spark partitions each hold rows of one partition of
-        the table only.
+        """A DataFrame of staged rows whose Spark partitions each hold a run of vbuckets.
 
-        Spark makes one partition per Arrow record batch (split at maxRecordsPerBatch), and
-        each task writes a file per table partition it holds: batches cut at partition
-        boundaries make an append write about one file per table partition, not two or three.
+        Spark makes one partition per Arrow record batch, and staging leaves thousands of small
+        ones; sorted and rebatched, each partition writes few vbucket directories, so a commit
+        writes about one file per vbucket instead of one per vbucket per batch.
         """
         ordered = table.sort_by([("vbucket", "ascending")]).combine_chunks()
-        if ordered.num_rows == 0:
-            return self.spark.createDataFrame(ordered, CHANGE_SCHEMA)
-        width = self.mirror.data_layout.group_width or 1
-        groups = ordered["vbucket"].to_numpy() // width
-        cuts = [0, *(np.flatnonzero(groups[1:] != groups[:-1]) + 1).tolist(), ordered.num_rows]
-        [whole] = ordered.to_batches()
-        aligned = pa.Table.from_batches(
-            [whole.slice(start, end - start) for start, end in itertools.pairwise(cuts)]
-        )
-        return self.spark.createDataFrame(aligned, CHANGE_SCHEMA)
+        return self.spark.createDataFrame(ordered, CHANGE_SCHEMA)
 
     # -- strategies -------------------------------------------------------------------------
 

@@ -124,22 +124,25 @@ def revision_history(
         layout.history, ("owner_id", "batch_id", "part", "vbucket", "seqno"),
         where=f"op = {literal(ROLLBACK_OP)}",
     ).to_pylist()
-    commits = committed_commits(reader, layout)
+    batches = {int(row["batch_id"]) for row in (*found, *markers)}
+    commits = committed_commits(reader, layout, batches)
     return assemble_revisions(found, markers, commits)
 
 
 def committed_commits(
-    reader: TableReader, layout: MirrorLayout
+    reader: TableReader, layout: MirrorLayout, batches: Iterable[int]
 ) -> dict[CommitKey, tuple[int, datetime]]:
-    """(owner, batch, part) -> (version, commit time) of every replicator commit of the mirror.
+    """(owner, batch, part) -> (version, commit time) of the replicator's commits of `batches`.
 
     From the log where it still holds the commit; older commits from the checkpoints table,
     which knows batches but not parts (every part of the batch gets its last version).
     """
     commits: dict[CommitKey, tuple[int, datetime]] = {}
-    if reader.is_table(layout.checkpoints):
+    wanted = sorted(set(batches))
+    if wanted and reader.is_table(layout.checkpoints):
         rows = reader.read(
-            layout.checkpoints, ("owner_id", "batch_id", "table_version", "committed_at")
+            layout.checkpoints, ("owner_id", "batch_id", "table_version", "committed_at"),
+            where=f"batch_id IN ({', '.join(str(b) for b in wanted)})",
         ).to_pylist()
         newest: dict[tuple[str, int], tuple[int, datetime]] = {}
         for row in rows:

@@ -1,5 +1,5 @@
-"""The first-load path: an append writes one file per partition it touches, and rows of one
-unique-key snapshot, spilled or not, load without a deduplication pass."""
+"""The first-load path: rows of one unique-key snapshot, spilled or not, load without a
+deduplication pass."""
 
 from __future__ import annotations
 
@@ -14,12 +14,10 @@ import pytest
 from replicator.delta.executor import CommitExecutor
 from replicator.delta.ownership import OwnersTable
 from replicator.delta.schema import MirrorConfig
-from replicator.delta.table import MirrorTable, open_or_create
+from replicator.delta.table import open_or_create
 from tests.delta.helpers import batch, change_table, documents, upsert, vbucket_commit
 
 pytestmark = pytest.mark.spark
-
-ARROW_BATCH_ROWS = "spark.sql.execution.arrow.maxRecordsPerBatch"
 
 
 @pytest.fixture
@@ -39,27 +37,6 @@ def first_load(vbucket: int, rows: int, **kw: Any) -> Any:
     )
 
 
-def files_added(mirror: MirrorTable, version: int) -> int:
-    [metrics] = mirror.delta().history().where(f"version = {version}").select(
-        "operationMetrics"
-    ).collect()[0]
-    return int(metrics["numFiles"])
-
-
-def test_an_append_cuts_its_arrow_batches_at_partitions(
-    spark: Any, executor: CommitExecutor
-) -> None:
-    spark.conf.set(ARROW_BATCH_ROWS, "100")
-    try:
-        # 120 rows in two partitions: batches of 100 rows cut anywhere would make the second
-        # partition's rows two files.
-        executor.execute(batch(1, first_load(0, 60), first_load(4, 60)))
-    finally:
-        spark.conf.unset(ARROW_BATCH_ROWS)
-    assert files_added(executor.mirror, 1) == 2
-    assert len(documents(executor.mirror, [0, 4])) == 120
-
-
 def test_unique_key_rows_spilled_or_not_load_whole(
     executor: CommitExecutor, tmp_path: Path
 ) -> None:
@@ -75,3 +52,19 @@ def test_unique_key_rows_spilled_or_not_load_whole(
     assert {row[1] for row in documents(executor.mirror, [9])} == {
         *(f"s{i}" for i in range(30)), "m"
     }
+
+
+def plan_of(frame: Any) -> str:
+    return str(frame._jdf.queryExecution().optimizedPlan())
+
+
+def test_only_rows_whose_keys_may_repeat_go_through_the_window(
+    executor: CommitExecutor, tmp_path: Path
+) -> None:
+    spill = tmp_path / "vb0003-00000001.parquet"
+    pq.write_table(change_table([upsert(3, "a", 1), upsert(3, "a", 2)]), spill)
+    spilled = vbucket_commit(3, [], seqno=2, first_load=True, spill_files=[str(spill)])
+    assert "Window" in plan_of(executor.change_rows([spilled]))
+    assert [r["seqno"] for r in executor.change_rows([spilled]).collect()] == [2]
+    unique = dataclasses.replace(spilled, unique_keys=True)
+    assert "Window" not in plan_of(executor.change_rows([unique]))

@@ -121,6 +121,26 @@ def test_positions_take_the_uuid_of_the_failover_entry_for_the_new_seqno() -> No
     assert batch.positions == {1: one.position, 2: two.position}
 
 
+def test_only_one_snapshot_that_promises_unique_keys_skips_deduplication() -> None:
+    import dataclasses
+
+    history = SnapshotFlags.DISK | SnapshotFlags.HISTORY
+    duplicates = SnapshotFlags.MEMORY | SnapshotFlags.MAY_CONTAIN_DUPLICATES
+    ready = {
+        1: (run(1, 1, 30),),
+        2: (run(2, 1, 30), run(2, 31, 40)),  # two runs
+        3: (dataclasses.replace(run(3, 1, 30), snapshot_count=2),),  # two snapshots in one run
+        4: (dataclasses.replace(run(4, 1, 30), flags=history),),
+        5: (dataclasses.replace(run(5, 1, 30), flags=duplicates),),
+    }
+    logs = {vb: FailoverLog.of([(0xA1A, 0)]) for vb in ready}
+    batch = plan_commit(ready, {}, logs, THRESHOLDS, batch_id=1, now=0, force=True)
+    assert batch is not None
+    assert {c.vbucket: c.unique_keys for c in batch.commits} == {
+        1: True, 2: False, 3: False, 4: False, 5: False
+    }
+
+
 def test_first_load_is_a_vbucket_with_nothing_committed() -> None:
     ready = {1: (run(1, 0, 9),), 2: (run(2, 0, 9),), 3: (run(3, 21, 29),)}
     committed = {
