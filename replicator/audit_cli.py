@@ -5,6 +5,7 @@
     replicator audit --target PATH at-seqno VB SEQNO
     replicator audit --target PATH changes --from X --to Y
     replicator audit --target PATH rollbacks
+    replicator audit --target ROOT transactions [--table SCHEMA.TABLE]   (a Drizzle mirror)
 
 Readable tables by default, `--json` for machines. Read with delta-rs (no JVM) unless
 `--engine spark`; Spark also reads a change feed that delta-rs would misread (rollbacks written by
@@ -80,9 +81,16 @@ def add_audit_arguments(parser: argparse.ArgumentParser) -> None:
 
     rollbacks = questions.add_parser("rollbacks", help="every rollback and resync, and why")
 
+    transactions = questions.add_parser(
+        "transactions",
+        help="a relational (Drizzle) mirror: each table commit, its group and the source "
+        "transactions it applied",
+    )
+    transactions.add_argument("--table", help="schema.table (default: every live table)")
+
     # Also accepted after the question (`audit history KEY --json`), never overriding the
     # value given before it.
-    for sub in (history, as_of, at_seqno, changes, rollbacks):
+    for sub in (history, as_of, at_seqno, changes, rollbacks, transactions):
         _add_json_flag(sub, default=argparse.SUPPRESS)
         sub.add_argument("--target", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
         add_engine_flag(sub, default=argparse.SUPPRESS)
@@ -118,6 +126,38 @@ class Answer:
 
     text: str
     document: Any
+
+
+def _transactions(spark: SparkSession | None, args: argparse.Namespace) -> Answer:
+    from replicator.drizzle.schema import TableName
+    from replicator.inspect.relational import is_relational_mirror, table_commits
+
+    if spark is None:
+        from replicator.spark import build_session
+
+        spark = build_session("replicator-audit")
+    if not is_relational_mirror(spark, args.target):
+        raise ConfigError(
+            f"{args.target} is not a relational (Drizzle) mirror: `transactions` reads the "
+            "root a drizzle-log:// or drizzle+amqp:// run wrote"
+        )
+    table = None
+    if args.table:
+        schema, dot, name = args.table.partition(".")
+        if not dot or not schema or not name:
+            raise ConfigError(f"--table takes schema.table, not {args.table!r}")
+        table = TableName(schema, name)
+    entries = table_commits(spark, args.target, table)
+    document = [entry.to_json() for entry in entries]
+    if not entries:
+        return Answer(f"no table commits in {args.target}", document)
+    header = ("table", "version", "committed", "group", "kind", "transactions")
+    rows = [
+        (e.table, str(e.version), format_time(e.committed_at), str(e.group), e.kind,
+         _short(" ".join(str(t) for t in e.transactions)))
+        for e in entries
+    ]
+    return Answer("\n".join(align_columns([header, *rows], numeric=(1, 3))), document)
 
 
 def _history(spark: SparkSession | None, args: argparse.Namespace) -> Answer:
@@ -236,6 +276,7 @@ def _rollbacks(spark: SparkSession | None, args: argparse.Namespace) -> Answer:
 
 _QUESTIONS: dict[str, Callable[[Any, argparse.Namespace], Answer]] = {
     "history": _history,
+    "transactions": _transactions,
     "as-of": _as_of,
     "at-seqno": _at_seqno,
     "changes": _changes,

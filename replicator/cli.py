@@ -12,6 +12,7 @@ import argparse
 import logging
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from replicator.errors import ConfigError, ReplicatorError
@@ -31,7 +32,9 @@ log = logging.getLogger("replicator")
 
 _RUN_FLAGS = (
     # (flag, config field, type, help)
-    ("--source", "source", str, "couchbase://HOST[:PORT][,HOST2]/BUCKET (couchbases: TLS)"),
+    ("--source", "source", str,
+     "couchbase://HOST[:PORT][,HOST2]/BUCKET (couchbases: TLS), drizzle-log:///PATH or "
+     "drizzle+amqp://[USER@]HOST[:PORT]/QUEUE"),
     ("--target", "target", str, "path of the mirror Delta table"),
     ("--username", "username", str, "user name (password: REPLICATOR_PASSWORD or _FILE)"),
     ("--vbuckets", "vbuckets", str, "vbuckets this replicator owns: 0-511,600 or shard 1/2"),
@@ -104,6 +107,7 @@ def config_from_args(
 
 def run_command(args: argparse.Namespace, *, spark: SparkSession | None = None) -> int:
     """`replicator run`: replicate until stopped (SIGTERM/SIGINT) or caught up."""
+    from replicator.drizzle.sources import is_drizzle_source
     from replicator.runner import run_replication
 
     config = config_from_args(
@@ -114,6 +118,11 @@ def run_command(args: argparse.Namespace, *, spark: SparkSession | None = None) 
         },
     )
     config.require_source_and_target()
+    if is_drizzle_source(config.source):
+        from replicator.drizzle.replication import run_drizzle_replication
+
+        print(run_drizzle_replication(config, spark=spark).describe())
+        return EXIT_OK
     summary = run_replication(config, spark=spark)
     print(summary.describe())
     return EXIT_OK
@@ -130,6 +139,8 @@ def _cmd_status(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     if not config.target:
         raise ConfigError("status needs --target PATH (or set target)")
+    if (Path(config.target) / "_replicator" / "drizzle_progress").is_dir():
+        return _relational_status(config.target, args.json)
     thresholds = HealthThresholds(
         max_lag_seqnos=args.max_lag_seqnos, max_lag_s=args.max_lag_s,
         stalled_after_s=args.stalled_after_s,
@@ -152,15 +163,55 @@ def _plot(status: MirrorStatus, target: str, engine: str | None, path: str) -> N
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
+    from replicator.drizzle.sources import is_drizzle_source
     from replicator.verify import run_verify
 
     if args.max_keys < 0:
         raise ConfigError("--max-keys must not be negative")
     config = config_from_args(args)
     config.require_source_and_target()
+    if is_drizzle_source(config.source):
+        return _verify_relational(config.source, config.target, args.max_keys)
     report = run_verify(config, engine=args.engine)
     print(report.describe(max_keys=args.max_keys))
     return EXIT_OK if report.equal else EXIT_DIFFERENT
+
+
+def _verify_relational(source: str, target: str, max_keys: int) -> int:
+    """`verify` of a Drizzle mirror, against the state the producer's transaction log holds."""
+    from replicator.drizzle.sources import parse_source
+    from replicator.inspect.relational import replay_log, verify_mirror
+    from replicator.spark import build_session
+
+    kind, location = parse_source(source)
+    if kind != "log":
+        raise ConfigError(
+            "a queue cannot be read without consuming it: verify a drizzle+amqp mirror against "
+            "the producer's transaction log, --source drizzle-log:///PATH"
+        )
+    database = replay_log(location)
+    report = verify_mirror(build_session("replicator-verify"), target, database)
+    print(report.describe(max_keys=max_keys))
+    return EXIT_OK if report.equal else EXIT_DIFFERENT
+
+
+def _relational_status(target: str, as_json: bool) -> int:
+    import json
+
+    from replicator.inspect.relational import read_status
+    from replicator.spark import build_session
+
+    status = read_status(build_session("replicator-status"), target)
+    if as_json:
+        print(json.dumps({
+            "target": status.target, "last_group": status.last_group,
+            "landed": status.landed, "resume_from": status.resume_from,
+            "source": status.source,
+            "tables": {str(name): version for name, version in sorted(status.tables.items())},
+        }, indent=2))
+    else:
+        print(status.render())
+    return EXIT_OK
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:

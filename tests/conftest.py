@@ -13,6 +13,7 @@ from tests.golden_vectors import VECTORS
 LONGEST_FIRST = (
     "tests/test_crash_loop.py",
     "tests/test_faults_e2e.py",
+    "tests/drizzle/test_mirror_e2e.py",
     "tests/test_audit.py",
     "tests/test_rollback_scenarios.py",
     "tests/cli/test_end_to_end.py",

@@ -67,7 +67,7 @@ def _header(proto: Path, suffix: str) -> str:
 def generate(out_dir: Path) -> list[Path]:
     """Run protoc over PROTO_FILES into out_dir (laid out like IMPORT_ROOT); return the files."""
     try:
-        from grpc_tools import protoc  # type: ignore[import-untyped]
+        from grpc_tools import protoc  # type: ignore[import-untyped,import-not-found,unused-ignore]
     except ImportError as error:
         raise SystemExit(
             "regenerating needs protoc from grpcio-tools: pip install -e '.[proto]'"
