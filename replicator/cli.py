@@ -214,6 +214,45 @@ def _relational_status(target: str, as_json: bool) -> int:
     return EXIT_OK
 
 
+def _cmd_sim_drizzle(args: argparse.Namespace) -> int:
+    import os
+
+    from replicator.drizzle.amqp import AmqpSource, TransactionPublisher
+    from replicator.drizzle.log import TransactionLogWriter
+    from replicator.drizzle.workload import Workload, WorkloadSettings
+
+    if not args.log and not args.amqp:
+        raise ConfigError("sim-drizzle needs --log PATH, --amqp URL, or both")
+    if args.transactions < 1 or args.bulk_rows < 1:
+        raise ConfigError("--transactions and --bulk-rows must be at least 1")
+    password = os.environ.get("REPLICATOR_PASSWORD")
+    publisher = (
+        TransactionPublisher(AmqpSource.parse(args.amqp, password=password)).connect()
+        if args.amqp else None
+    )
+    workload = Workload(WorkloadSettings(seed=args.seed, bulk_rows=args.bulk_rows))
+    writer = TransactionLogWriter(args.log) if args.log else None
+    messages = 0
+    try:
+        for message in workload.messages(args.transactions):
+            if writer is not None:
+                writer.append(message)
+            if publisher is not None:
+                publisher.publish(message.SerializeToString())
+            messages += 1
+    finally:
+        if writer is not None:
+            writer.close()
+        if publisher is not None:
+            publisher.close()
+    where = " and ".join(x for x in (args.log, args.amqp and str(AmqpSource.parse(args.amqp)))
+                         if x)
+    tables = len(workload.database.tables)
+    print(f"produced {args.transactions} transactions ({messages} messages, {tables} live "
+          f"tables) to {where}")
+    return EXIT_OK
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from replicator.demo import run_demo
 
@@ -287,6 +326,22 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_sim_arguments(sim)
     sim.set_defaults(handler=run_sim)
+
+    drizzle = commands.add_parser(
+        "sim-drizzle",
+        help="produce Drizzle transactions (the embedded producer): to a transaction log, "
+        "and/or to a RabbitMQ queue",
+        description="Generate a deterministic workload of Drizzle transactions (small, bulk "
+        "in segments, rolled back, DDL) and append them to a transaction log (--log) and/or "
+        "publish them to a queue (--amqp drizzle+amqp://HOST/QUEUE, password from "
+        "REPLICATOR_PASSWORD). The same --seed continues the same producer only in one call.",
+    )
+    drizzle.add_argument("--log", help="transaction log file to append to")
+    drizzle.add_argument("--amqp", help="drizzle+amqp://[USER@]HOST[:PORT]/QUEUE to publish to")
+    drizzle.add_argument("--transactions", type=int, default=500, help="how many (default 500)")
+    drizzle.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
+    drizzle.add_argument("--bulk-rows", type=int, default=300, help="rows of a bulk statement")
+    drizzle.set_defaults(handler=_cmd_sim_drizzle)
 
     audit = commands.add_parser("audit", help="document history, time travel and rollbacks")
     from replicator.audit_cli import add_audit_arguments, run_audit

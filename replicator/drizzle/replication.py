@@ -36,6 +36,7 @@ from replicator.drizzle.errors import TransactionStreamError
 from replicator.drizzle.planning import UnsupportedChange, plan_group
 from replicator.drizzle.schema import TableDefinition, TableName
 from replicator.drizzle.sources import MessageSource, Settlement, SourceMessage
+from replicator.drizzle.spill import SpillingSegmentStore
 from replicator.errors import ReplicatorError
 
 if TYPE_CHECKING:
@@ -63,6 +64,10 @@ class DrizzleSettings:
     poll_s: float = 0.2
     until_caught_up: bool = False
     allow_late_commits: bool = False
+    memory_budget_bytes: int = 256 << 20
+    """Open transactions' segments held in memory; beyond it they spill to files."""
+    spill_dir: str | None = None
+    """Where spill files go (default: the system's temporary directory)."""
 
     def __post_init__(self) -> None:
         if self.group_max_transactions < 1 or self.group_max_rows < 1:
@@ -80,6 +85,7 @@ class DrizzleRunSummary:
     rolled_back: int = 0
     redeliveries_skipped: int = 0
     redone_group: int | None = None
+    spilled_transactions: set[int] = field(default_factory=set)
     retired: list[str] = field(default_factory=list)
     elapsed_s: float = 0.0
 
@@ -93,6 +99,8 @@ class DrizzleRunSummary:
         )
         if self.redone_group is not None:
             text += f"; finished group {self.redone_group} left by the last run"
+        if self.spilled_transactions:
+            text += f"; {len(self.spilled_transactions)} large transactions spilled to disk"
         if self.retired:
             text += f"; retired {', '.join(self.retired)}"
         return text
@@ -135,6 +143,7 @@ class DrizzleReplication:
         self._definitions: Mapping[TableName, TableDefinition] = {}
         self._assembler = TransactionAssembler()
         self._group = 1
+        self._store: SpillingSegmentStore | None = None
 
     # Start.
 
@@ -169,8 +178,15 @@ class DrizzleReplication:
         start = self._recover()
         self._group = start.group
         self._definitions = dict(start.definitions)
+        store = SpillingSegmentStore(
+            memory_budget_bytes=self.settings.memory_budget_bytes,
+            directory=self.settings.spill_dir,
+        )
+        self._store = store
         self._assembler = TransactionAssembler(
-            completed=start.completed, allow_late_commits=self.settings.allow_late_commits
+            completed=start.completed,
+            allow_late_commits=self.settings.allow_late_commits,
+            store=store,
         )
         redo = start.redo
         self.source.open(start.resume_from)
@@ -205,6 +221,7 @@ class DrizzleReplication:
                     break
         finally:
             self.source.close()
+            store.close()
             self.summary.elapsed_s = time.monotonic() - started
         return self.summary
 
@@ -226,6 +243,9 @@ class DrizzleReplication:
         settlement = self._settlement
         if isinstance(result, SegmentBuffered):
             settlement.arrived(item.position, result.transaction_id)
+            store = self._store
+            if store is not None and result.transaction_id in store.spilled_transactions:
+                self.summary.spilled_transactions.add(result.transaction_id)
         elif isinstance(result, TransactionCompleted):
             transaction = result.transaction
             settlement.arrived(item.position, transaction.transaction_id)
@@ -382,6 +402,8 @@ def run_drizzle_replication(
         group_interval_s=config.commit_interval_s,
         group_max_rows=config.commit_max_rows,
         until_caught_up=config.until_caught_up,
+        memory_budget_bytes=config.memory_budget_mb << 20,
+        spill_dir=config.staging_dir or None,
     )
     session = spark or build_session("replicator")
     stop = threading.Event()

@@ -45,7 +45,10 @@ class MidGroupCrash:
 
 
 def _run(spark: Any, source: Any, root: Path, hook: Any = None, *, groups: int = 12) -> Any:
-    settings = DrizzleSettings(until_caught_up=True, group_max_transactions=groups)
+    # A small memory budget: bulk transactions spill, so the spill path runs end to end.
+    settings = DrizzleSettings(
+        until_caught_up=True, group_max_transactions=groups, memory_budget_bytes=8192
+    )
     return DrizzleReplication(spark, source, str(root), settings, fault_hook=hook).run()
 
 
