@@ -74,7 +74,7 @@ def test_produce_run_status_verify_audit_and_a_tampered_mirror(
 def test_bad_input_is_one_clear_line(
     spark: Any, capsys: pytest.CaptureFixture[str], argv: list[str], words: str
 ) -> None:
-    code, out, err = _main(capsys, *argv)
+    code, _, err = _main(capsys, *argv)
     assert code == 2
     assert words in err and "Traceback" not in err
     assert err.count("\n") == 1
