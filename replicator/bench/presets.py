@@ -47,6 +47,7 @@ class BenchPreset:
     read_side_versions: int = 500
     read_side_runs: int = 3
     read_side_spark_runs: int = 1
+    drizzle_transactions: int = 2_000
 
     def __post_init__(self) -> None:
         if self.docs < 1 or self.doc_size < 64:
@@ -97,6 +98,7 @@ PRESETS: dict[str, BenchPreset] = {
         memory_budget_mb=16,
         memory_doc_size=1024,
         read_side_versions=100,
+        drizzle_transactions=600,
     ),
     "smoke": BenchPreset(
         name="smoke",
@@ -118,6 +120,7 @@ PRESETS: dict[str, BenchPreset] = {
         read_side_versions=6,
         read_side_runs=1,
         read_side_spark_runs=0,
+        drizzle_transactions=60,
     ),
 }
 

@@ -21,10 +21,11 @@ from replicator.bench.read_side import ReadSideResult
 from replicator.bench.rollback import RollbackResult
 from replicator.bench.serve import ServeResult
 from replicator.bench.steady_state import SteadyStateResult
+from replicator.bench.transactions import TransactionSourceResult
 
 SECTIONS = (
     "serve", "drain", "initial_load", "plain_append", "steady_state", "memory", "rollback",
-    "catch_up", "read_side",
+    "catch_up", "read_side", "transactions",
 )  # fmt: skip
 """The measurements of a run, in the order they run and print."""
 
@@ -56,6 +57,7 @@ class BenchReport:
     section_seconds: Mapping[str, float] = field(default_factory=dict)
     catch_up: CatchUpResult | None = None
     read_side: ReadSideResult | None = None
+    transactions: TransactionSourceResult | None = None
 
 
 def load_ratio(initial: InitialLoadResult | None, plain: PlainAppendResult | None) -> float | None:
@@ -207,6 +209,19 @@ def measurement_rows(report: BenchReport) -> list[tuple[str, str, str]]:
         ))
     if report.read_side is not None:
         rows.extend(_read_side_rows(report.read_side))
+    if report.transactions is not None:
+        t = report.transactions
+        runs = [t.log] if t.queue is None else [t.log, t.queue]
+        for run in runs:
+            rows.append((
+                f"10. Drizzle transactions from the {run.source}",
+                f"{run.transactions_per_second:,.0f} tx/s",
+                f"{run.rows_per_second:,.0f} row changes/s; {run.transactions:,} transactions "
+                f"({run.rows:,} row changes) of {t.produced:,} produced in {run.seconds:.1f} s, "
+                f"{run.groups} groups, {run.table_commits} table commits",
+            ))
+        if t.queue_skipped:
+            rows.append(("10. Drizzle transactions from the queue", "skipped", t.queue_skipped))
     return rows
 
 

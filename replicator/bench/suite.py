@@ -38,6 +38,7 @@ from replicator.bench.steady_state import (
     SteadyStateSettings,
     measure_steady_state,
 )
+from replicator.bench.transactions import TransactionSourceResult, measure_transaction_source
 from replicator.dcp.auth import Credentials
 from replicator.snapshots.planner import CommitThresholds
 
@@ -161,6 +162,13 @@ def run_suite(
             doc_size=preset.doc_size, vbuckets=preset.vbuckets, changes=preset.catch_up_changes,
         ),
     )  # fmt: skip
+    transactions: TransactionSourceResult | None = sections.run(
+        "transactions", f"10. Drizzle transaction source, {preset.drizzle_transactions:,} "
+        "transactions from a log and from RabbitMQ",
+        lambda: measure_transaction_source(
+            spark, work, transactions=preset.drizzle_transactions
+        ),
+    )  # fmt: skip
     memory = alongside.join() if alongside is not None else _measure_memory(preset, work, sections)
 
     ratio = load_ratio(initial, plain)
@@ -181,6 +189,7 @@ def run_suite(
         rollback=rollback,
         catch_up=catch_up,
         read_side=read_side,
+        transactions=transactions,
         goals=evaluate_goals(
             drain=drain, load_ratio=ratio, steady=steady, memory=memory, rollback=rollback,
             catch_up=catch_up, read_side=read_side,

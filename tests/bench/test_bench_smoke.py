@@ -23,6 +23,8 @@ from replicator.bench.report import write_report as write_bench_report
 from replicator.bench.rollback import RollbackResult, commit_file_actions
 from replicator.bench.steady_state import LagPercentiles, SteadyStateResult, committed_rate_over
 from replicator.bench.suite import run_suite
+from replicator.bench.transactions import WORKLOAD
+from replicator.drizzle.workload import Workload
 
 
 @pytest.fixture(scope="module")
@@ -77,6 +79,13 @@ def test_smoke_numbers_are_sane(smoke_run: tuple[BenchReport, dict[str, Any], Pa
     assert steady["applied_rate"] > 0 and steady["committed_rate"] > 0
     assert steady["lag"]["rows"] > 0
     assert 0 <= steady["lag"]["p50_ms"] <= steady["lag"]["p99_ms"] <= steady["lag"]["max_ms"]
+    transactions = document["transactions"]
+    committed = sum(
+        1 for t in Workload(WORKLOAD).transactions(preset.drizzle_transactions) if t.committed
+    )
+    assert transactions["log"]["transactions"] == committed
+    assert transactions["queue"]["transactions"] == committed
+    assert transactions["log"]["rows"] == transactions["queue"]["rows"] > 0
     memory = document["memory"]
     assert memory["complete"] and memory["rows"] == preset.memory_docs
     assert memory["python_peak_rss_mib"] > 0 and memory["jvm_peak_rss_mib"] > 0
