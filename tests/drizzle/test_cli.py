@@ -23,9 +23,9 @@ def test_produce_run_status_verify_audit_and_a_tampered_mirror(
 ) -> None:
     log, root = tmp_path / "transaction.log", tmp_path / "mirror"
     code, out, _ = _main(
-        capsys, "sim-drizzle", "--log", str(log), "--transactions", "40", "--bulk-rows", "30"
+        capsys, "sim-drizzle", "--log", str(log), "--transactions", "25", "--bulk-rows", "30"
     )
-    assert code == 0 and "produced 40 transactions" in out
+    assert code == 0 and "produced 25 transactions" in out
     source = f"drizzle-log://{log}"
     code, out, err = _main(
         capsys, "run", "--source", source, "--target", str(root), "--until-caught-up"

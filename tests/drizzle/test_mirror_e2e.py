@@ -68,9 +68,9 @@ def test_a_log_survives_a_crash_at_every_step_and_every_version_is_whole(
         (CrashAt("after_settle", 1), False),
     ]:
         with pytest.raises(SimulatedCrash):
-            _run(spark, LogFileSource(log), root, hook, groups=4)
+            _run(spark, LogFileSource(log), root, hook, groups=8)
         assert read_status(spark, str(root)).landed is not left_unlanded, hook
-    summary = _run(spark, LogFileSource(log), root, groups=4)
+    summary = _run(spark, LogFileSource(log), root, groups=8)
     assert summary.transactions > 0
     assert_mirror_equals(spark, str(root), workload.database)
     transactions = complete_transactions(e.transaction for e in read_transaction_log(log))
