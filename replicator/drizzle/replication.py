@@ -25,6 +25,7 @@ from replicator.delta.journal import GroupJournal, GroupRecord, PlannedTable
 from replicator.delta.relational import RelationalMirror
 from replicator.drizzle.assembly import (
     CompletedIds,
+    CompletedIdTracker,
     MessageSkipped,
     SegmentBuffered,
     TransactionAssembler,
@@ -142,6 +143,7 @@ class DrizzleReplication:
         self._first_ready_at: float | None = None
         self._definitions: Mapping[TableName, TableDefinition] = {}
         self._assembler = TransactionAssembler()
+        self._finished = CompletedIdTracker()
         self._group = 1
         self._store: SpillingSegmentStore | None = None
 
@@ -183,6 +185,10 @@ class DrizzleReplication:
             directory=self.settings.spill_dir,
         )
         self._store = store
+        # The ids finished for good (applied in a group, or rolled back): what the journal
+        # records. The assembler's own set also holds complete transactions not committed yet,
+        # which a restart must see again.
+        self._finished = CompletedIdTracker(start.completed)
         self._assembler = TransactionAssembler(
             completed=start.completed,
             allow_late_commits=self.settings.allow_late_commits,
@@ -256,6 +262,7 @@ class DrizzleReplication:
         elif isinstance(result, TransactionRolledBack):
             settlement.arrived(item.position, result.transaction_id)
             settlement.finish([result.transaction_id])
+            self._finished.add(result.transaction_id)
             self.summary.rolled_back += 1
         elif isinstance(result, MessageSkipped):
             settlement.arrived(item.position, None)
@@ -309,6 +316,8 @@ class DrizzleReplication:
     ) -> None:
         plan = plan_group(transactions, self._definitions)
         ids = [t.transaction_id for t in transactions]
+        for transaction_id in ids:
+            self._finished.add(transaction_id)
         self._settlement.finish(ids)
         through = self._settlement.settle()
         if record:
@@ -324,7 +333,7 @@ class DrizzleReplication:
                 transaction_ids=tuple(ids),
                 tables=tuple(PlannedTable(p.table, p.dropped_by) for p in plan.tables),
                 resume_from=resume_from,
-                completed=self._assembler.completed_ids(),
+                completed=self._finished.snapshot(),
                 catalog=plan.definitions if changed or group == 1 else None,
             ))
             self._fault("after_journal")

@@ -147,3 +147,9 @@ def test_raw_sql_stops_before_its_transaction_and_names_it(spark: Any, tmp_path:
     )
     expected = _applied([*setup_messages(), *insert_messages(3, range(1, 4))])
     assert_mirror_equals(spark, str(root), expected)
+    # The transactions after it completed too, but were not committed: the journal does not
+    # count them finished, so a second run meets the same transaction again.
+    with pytest.raises(UnsupportedChange) as again:
+        _run(spark, LogFileSource(log), root)
+    assert again.value.transaction_id == 4
+    assert_mirror_equals(spark, str(root), expected)
