@@ -7,6 +7,7 @@ version ever written against the producer's state after the group that wrote it.
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -153,3 +154,54 @@ def test_raw_sql_stops_before_its_transaction_and_names_it(spark: Any, tmp_path:
         _run(spark, LogFileSource(log), root)
     assert again.value.transaction_id == 4
     assert_mirror_equals(spark, str(root), expected)
+
+
+@pytest.mark.soak
+def test_a_sigkilled_run_restarts_without_loss_or_duplicates(spark: Any, tmp_path: Path) -> None:
+    """A real `replicator run` process following a growing log, killed with SIGKILL once it
+    has committed a few groups (wherever it is then), and a restart that catches up. A few
+    minutes with its own JVM: `make soak` runs it; `make test` stops runs at each commit step
+    in-process (above)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from tests.cli import clean_env, wait_until
+
+    workload = Workload(SMALL)
+    log = tmp_path / "transaction.log"
+    workload.write_log(log, 10)
+    root = tmp_path / "mirror"
+    journal_log = root / "_replicator" / "drizzle_progress" / "_delta_log"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "replicator.cli", "run", "--source", f"drizzle-log://{log}",
+         "--target", str(root), "--commit-interval-s", "0.5"],
+        cwd=tmp_path, env=clean_env(password=None), stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE, start_new_session=True,
+    )
+    try:
+        for _ in range(3):
+            # More transactions while it runs: each batch becomes a group of its own.
+            wait_until(
+                functools.partial(_journal_grew, journal_log, _journal_rows(journal_log)),
+                timeout=180, what="the running replicator to commit another group",
+            )
+            workload.write_log(log, 8)
+        os.killpg(process.pid, signal.SIGKILL)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=60)
+    assert process.returncode == -signal.SIGKILL
+    summary = _run(spark, LogFileSource(log), root)
+    assert summary.transactions > 0
+    assert_mirror_equals(spark, str(root), workload.database)
+
+
+def _journal_rows(delta_log: Path) -> int:
+    return len(list(delta_log.glob("*.json"))) if delta_log.is_dir() else 0
+
+
+def _journal_grew(delta_log: Path, before: int) -> bool:
+    return _journal_rows(delta_log) > before
