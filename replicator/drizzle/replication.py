@@ -144,6 +144,7 @@ class DrizzleReplication:
         self._definitions: Mapping[TableName, TableDefinition] = {}
         self._assembler = TransactionAssembler()
         self._finished = CompletedIdTracker()
+        self._redo: GroupRecord | None = None
         self._group = 1
         self._store: SpillingSegmentStore | None = None
 
@@ -194,7 +195,7 @@ class DrizzleReplication:
             allow_late_commits=self.settings.allow_late_commits,
             store=store,
         )
-        redo = start.redo
+        redo = self._redo = start.redo
         self.source.open(start.resume_from)
         try:
             while not self.stop.is_set():
@@ -204,7 +205,7 @@ class DrizzleReplication:
                 if redo is not None:
                     if self._redo_ready(redo):
                         self._commit_redo(redo)
-                        redo = None
+                        redo = self._redo = None
                     elif item is None and not self._source_can_give_more():
                         missing = sorted(
                             set(redo.transaction_ids)
@@ -289,7 +290,9 @@ class DrizzleReplication:
         self._group = redo.group + 1
 
     def _commit_before_error(self) -> None:
-        if self._ready:
+        # While the journal's last group waits to be finished, no other group may be committed
+        # under its number: stop with nothing more committed, the source keeps the rest.
+        if self._ready and self._redo is None:
             self._commit(self._ready)
 
     def _commit(self, transactions: Sequence[CompleteTransaction]) -> None:
