@@ -10,6 +10,10 @@
 - `proto`: the compiled message definitions
 - `amqp`: publishing to and consuming from a RabbitMQ queue (acknowledged after the commit)
 - `broker`: a private RabbitMQ node started by the project (tests, demo, benchmark)
+- `spill`: a segment store that spills open transactions beyond the memory budget to files
+- `planning`: pure; a group of complete transactions as one plan per table
+- `sources` / `replication`: the log file and the queue as message sources, and the loop that
+  mirrors them (its Delta side: `replicator.delta.relational` and `replicator.delta.journal`)
 """
 
 from replicator.drizzle.assembly import (
