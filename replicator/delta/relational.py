@@ -23,11 +23,10 @@ to a table with rows would otherwise fail where the source succeeded.
 from __future__ import annotations
 
 import base64
-import contextlib
 import json
 import logging
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -157,7 +156,6 @@ class RelationalMirror:
         group: int,
         *,
         redo: bool = False,
-        metadata: Mapping[str, Any] | None = None,
     ) -> TableCommit:
         """Apply `plan` as one commit of `group`. `redo`: the group may have landed in part
         before (a restart finishing it); what landed is found and skipped. Otherwise no look
@@ -190,14 +188,12 @@ class RelationalMirror:
         elif not plan.entries and plan.keep_base and not plan.schema_changed and not plan.creates:
             commit = TableCommit(plan.table, "none", -1, 0)
         else:
-            commit = self._write(plan, group, kind, path, metadata or {})
+            commit = self._write(plan, group, kind, path)
         if plan.dropped_by is not None:
             return self._retire(plan, path, commit)
         return commit
 
-    def _write(
-        self, plan: TablePlan, group: int, kind: str, path: str, extra: Mapping[str, Any]
-    ) -> TableCommit:
+    def _write(self, plan: TablePlan, group: int, kind: str, path: str) -> TableCommit:
         if plan.moved_from:
             plan = plan.resolve_moves(self._rows_at(plan, plan.moved_from))
         metadata: dict[str, Any] = {
@@ -206,7 +202,6 @@ class RelationalMirror:
             "table": str(plan.table),
             "kind": kind,
             "transactions": list(plan.transaction_ids),
-            **extra,
         }
         if plan.creates or plan.schema_changed:
             metadata["definition"] = encode_definition(plan.definition)
@@ -258,11 +253,7 @@ class RelationalMirror:
         others = [c.name for c in definition.columns if c.name not in keys]
         on = " AND ".join(f"t.`{k}` = s.`{k}`" for k in keys)
         every: dict[str, str | Column] = {f"`{c}`": f"s.`{c}`" for c in definition.column_names}
-        patched: dict[str, str | Column] = {
-            f"`{c}`": f"CASE WHEN array_contains(s.{SET_COLUMN}, '{_sql_text(c)}') "
-            f"THEN s.`{c}` ELSE t.`{c}` END"
-            for c in others
-        }
+        patched: dict[str, str | Column] = {f"`{c}`": _patched(c) for c in others}
         merge = (
             DeltaTable.forPath(self.spark, path).alias("t")
             .merge(self._source(plan).alias("s"), on)
@@ -293,13 +284,11 @@ class RelationalMirror:
                 .alias(c.name)
                 for c in definition.columns
             ))
-            touched = self._source(plan).select(*(f"`{k}`" for k in keys))
-            patches = self._source(plan).where(F.col(OP_COLUMN) == "patch")
+            source = self._source(plan)
+            touched = source.select(*(f"`{k}`" for k in keys))
+            patches = source.where(F.col(OP_COLUMN) == "patch")
             patched = base.alias("t").join(patches.alias("s"), keys).select(*(
-                F.col(f"`{c}`") if c in keys else F.expr(
-                    f"CASE WHEN array_contains(s.{SET_COLUMN}, '{_sql_text(c)}') "
-                    f"THEN s.`{c}` ELSE t.`{c}` END"
-                ).alias(c)
+                F.col(f"`{c}`") if c in keys else F.expr(_patched(c)).alias(c)
                 for c in definition.column_names
             ))
             rows = (
@@ -367,21 +356,12 @@ class RelationalMirror:
             rows[tuple(values[k] for k in key_names)] = values
         return rows
 
-    def definition_of(self, path: str) -> TableDefinition | None:
-        """The source definition recorded with the table's last create or rewrite, if any."""
-        from delta.tables import DeltaTable
 
-        history = DeltaTable.forPath(self.spark, path).history().select("userMetadata")
-        for row in history.collect():
-            text = row["userMetadata"]
-            if not text:
-                continue
-            with contextlib.suppress(ValueError, KeyError, TypeError):
-                metadata = json.loads(text)
-                if metadata.get("replicator") == FORMAT and "definition" in metadata:
-                    return decode_definition(metadata["definition"])
-        return None
-
-
-def _sql_text(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("'", "\\'")
+def _patched(column: str) -> str:
+    """A patched row's value of `column` (target `t`, source `s`): the patch's value when the
+    UPDATE set the column, the mirror's otherwise."""
+    quoted = column.replace("\\", "\\\\").replace("'", "\\'")
+    return (
+        f"CASE WHEN array_contains(s.{SET_COLUMN}, '{quoted}') "
+        f"THEN s.`{column}` ELSE t.`{column}` END"
+    )
