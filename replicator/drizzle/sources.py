@@ -47,6 +47,8 @@ class MessageSource(Protocol):
     resumable_by_offset: bool
     """True: positions are offsets, and a restart resumes at one (the log). False: the source
     gives back everything not settled by itself (the queue)."""
+    finite: bool
+    """True: once `next` returned None, nothing more will come (a log not followed)."""
 
     def open(self, resume_from: int | None) -> None: ...
 
@@ -74,11 +76,15 @@ class Settlement:
 
     def __init__(self) -> None:
         self._queue: deque[tuple[int, int | None]] = deque()
+        self._waiting: dict[int, int] = {}
+        """Messages in the queue per transaction."""
         self._finished: set[int] = set()
 
     def arrived(self, position: int, transaction_id: int | None) -> None:
         """A message at `position`; `transaction_id` None when it needs nothing (a redelivery)."""
         self._queue.append((position, transaction_id))
+        if transaction_id is not None:
+            self._waiting[transaction_id] = self._waiting.get(transaction_id, 0) + 1
 
     def finish(self, transaction_ids: Iterable[int]) -> None:
         self._finished.update(transaction_ids)
@@ -92,9 +98,18 @@ class Settlement:
                 break
             self._queue.popleft()
             last = position
-        if not self._queue:
-            self._finished.clear()
+            if transaction_id is not None:
+                # Its last settled message: nothing refers to the id any more.
+                self._waiting[transaction_id] -= 1
+                if not self._waiting[transaction_id]:
+                    del self._waiting[transaction_id]
+                    self._finished.discard(transaction_id)
         return last
+
+    @property
+    def transactions_held(self) -> int:
+        """Transactions the settlement still remembers (bounded by the unsettled messages)."""
+        return len(self._waiting.keys() | self._finished)
 
     def oldest_unsettled(self) -> int | None:
         return self._queue[0][0] if self._queue else None
@@ -128,6 +143,7 @@ class LogFileSource:
         self.path = Path(path)
         self.name = f"{LOG_SCHEME}://{self.path}"
         self.follow = follow
+        self.finite = not follow
         self.poll_s = poll_s
         self._reader: TransactionLogReader | None = None
         self._entries: Iterator[LogEntry] | None = None
@@ -171,6 +187,7 @@ class QueueSource:
     """A RabbitMQ queue of serialized Transaction messages, acknowledged once settled."""
 
     resumable_by_offset = False
+    finite = False
 
     def __init__(self, source: AmqpSource, *, prefetch: int = DEFAULT_PREFETCH) -> None:
         self.source = source
