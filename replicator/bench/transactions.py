@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from replicator.drizzle.replication import DrizzleReplication, DrizzleSettings
-from replicator.drizzle.sources import LogFileSource, QueueSource
+from replicator.drizzle.sources import LogFileSource, MessageSource, QueueSource
 from replicator.drizzle.workload import Workload, WorkloadSettings
 
 if TYPE_CHECKING:
@@ -52,10 +52,10 @@ WORKLOAD = WorkloadSettings(seed=5, bulk_rows=200, schemas=2, tables_per_schema=
 """The producer's workload: 6 tables, bulk statements of 200 rows, the default mix."""
 
 
-def _timed(spark: SparkSession, source: object, target: Path, name: str) -> TransactionRun:
+def _timed(spark: SparkSession, source: MessageSource, target: Path, name: str) -> TransactionRun:
     settings = DrizzleSettings(until_caught_up=True, group_max_transactions=2_000)
     started = time.perf_counter()
-    summary = DrizzleReplication(spark, source, str(target), settings).run()  # type: ignore[arg-type]
+    summary = DrizzleReplication(spark, source, str(target), settings).run()
     seconds = time.perf_counter() - started
     return TransactionRun(
         name, summary.transactions, summary.rows, summary.groups, summary.table_commits, seconds

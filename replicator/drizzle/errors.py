@@ -47,6 +47,8 @@ class TransactionStreamError(ReplicatorError):
         super().__init__(f"{where}: {message}")
         self.transaction_id = transaction_id
         self.segment_id = segment_id
+        self.detail = message
+        """The message without the transaction and segment it names."""
 
 
 class SegmentGapError(TransactionStreamError):

@@ -53,6 +53,7 @@ class UnsupportedChange(ReplicatorError):
     def __init__(self, transaction_id: int, message: str) -> None:
         super().__init__(f"transaction {transaction_id}: {message}")
         self.transaction_id = transaction_id
+        self.detail = message
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,7 +34,7 @@ from replicator.drizzle.assembly import (
 )
 from replicator.drizzle.changes import CompleteTransaction
 from replicator.drizzle.errors import TransactionStreamError
-from replicator.drizzle.planning import UnsupportedChange, plan_group
+from replicator.drizzle.planning import GroupPlan, UnsupportedChange, plan_group
 from replicator.drizzle.schema import TableDefinition, TableName
 from replicator.drizzle.sources import MessageSource, Settlement, SourceMessage
 from replicator.drizzle.spill import SpillingSegmentStore
@@ -138,7 +138,8 @@ class DrizzleReplication:
         self.stop = stop or threading.Event()
         self.summary = DrizzleRunSummary()
         self._settlement = Settlement()
-        self._ready: list[CompleteTransaction] = []
+        self._ready: dict[int, CompleteTransaction] = {}
+        """Complete transactions not committed yet, by id, in arrival order."""
         self._ready_rows = 0
         self._first_ready_at: float | None = None
         self._definitions: Mapping[TableName, TableDefinition] = {}
@@ -207,10 +208,7 @@ class DrizzleReplication:
                         self._commit_redo(redo)
                         redo = self._redo = None
                     elif item is None and not self._source_can_give_more():
-                        missing = sorted(
-                            set(redo.transaction_ids)
-                            - {t.transaction_id for t in self._ready}
-                        )
+                        missing = sorted(set(redo.transaction_ids) - set(self._ready))
                         raise ReplicatorError(
                             f"the journal's group {redo.group} has not landed in every table, "
                             f"and the source no longer has its transactions {missing[:10]}: "
@@ -218,7 +216,7 @@ class DrizzleReplication:
                         )
                     continue
                 if self._ready and self._should_cut(idle=item is None):
-                    self._commit(self._ready)
+                    self._commit(list(self._ready.values()))
                 if (
                     self.settings.until_caught_up
                     and item is None
@@ -233,8 +231,7 @@ class DrizzleReplication:
         return self.summary
 
     def _source_can_give_more(self) -> bool:
-        # A log not followed gives nothing more once read to its end; a queue may.
-        return not (self.source.resumable_by_offset and not getattr(self.source, "follow", True))
+        return not self.source.finite
 
     def _feed(self, item: SourceMessage) -> None:
         try:
@@ -244,19 +241,19 @@ class DrizzleReplication:
             # Same class, so callers can still tell a gap from an unknown statement.
             raise type(error)(
                 error.transaction_id, error.segment_id,
-                f"{_reason(error)} (from {self.source.name}; every complete transaction "
+                f"{error.detail} (from {self.source.name}; every complete transaction "
                 "before it is committed, nothing of it is)",
             ) from None
         settlement = self._settlement
         if isinstance(result, SegmentBuffered):
             settlement.arrived(item.position, result.transaction_id)
             store = self._store
-            if store is not None and result.transaction_id in store.spilled_transactions:
+            if store is not None and store.is_spilled(result.transaction_id):
                 self.summary.spilled_transactions.add(result.transaction_id)
         elif isinstance(result, TransactionCompleted):
             transaction = result.transaction
             settlement.arrived(item.position, transaction.transaction_id)
-            self._ready.append(transaction)
+            self._ready[transaction.transaction_id] = transaction
             self._ready_rows += transaction.row_count
             if self._first_ready_at is None:
                 self._first_ready_at = time.monotonic()
@@ -279,13 +276,12 @@ class DrizzleReplication:
         return waited >= settings.group_interval_s
 
     def _redo_ready(self, redo: GroupRecord) -> bool:
-        have = {t.transaction_id for t in self._ready}
-        return all(tid in have for tid in redo.transaction_ids)
+        return all(tid in self._ready for tid in redo.transaction_ids)
 
     def _commit_redo(self, redo: GroupRecord) -> None:
-        by_id = {t.transaction_id: t for t in self._ready}
-        transactions = [by_id[tid] for tid in redo.transaction_ids]
-        self._apply(transactions, redo.group, record=False)
+        transactions = [self._ready[tid] for tid in redo.transaction_ids]
+        plan = plan_group(transactions, self._definitions)
+        self._apply(transactions, plan, redo.group, record=False)
         self.summary.redone_group = redo.group
         self._group = redo.group + 1
 
@@ -293,13 +289,13 @@ class DrizzleReplication:
         # While the journal's last group waits to be finished, no other group may be committed
         # under its number: stop with nothing more committed, the source keeps the rest.
         if self._ready and self._redo is None:
-            self._commit(self._ready)
+            self._commit(list(self._ready.values()))
 
     def _commit(self, transactions: Sequence[CompleteTransaction]) -> None:
         """Commit `transactions` as the next group (those before an unsupported one, then
         raise its error)."""
         try:
-            plan_group(transactions, self._definitions)
+            plan = plan_group(transactions, self._definitions)
         except UnsupportedChange as error:
             index = next(
                 i for i, t in enumerate(transactions) if t.transaction_id == error.transaction_id
@@ -308,16 +304,20 @@ class DrizzleReplication:
                 self._commit(transactions[:index])
             raise UnsupportedChange(
                 error.transaction_id,
-                f"{_reason(error)}. Every transaction before it is committed; nothing of it or "
+                f"{error.detail}. Every transaction before it is committed; nothing of it or "
                 "after it is, and the source still holds them",
             ) from None
-        self._apply(transactions, self._group, record=True)
+        self._apply(transactions, plan, self._group, record=True)
         self._group += 1
 
     def _apply(
-        self, transactions: Sequence[CompleteTransaction], group: int, *, record: bool
+        self,
+        transactions: Sequence[CompleteTransaction],
+        plan: GroupPlan,
+        group: int,
+        *,
+        record: bool,
     ) -> None:
-        plan = plan_group(transactions, self._definitions)
         ids = [t.transaction_id for t in transactions]
         for transaction_id in ids:
             self._finished.add(transaction_id)
@@ -348,9 +348,9 @@ class DrizzleReplication:
                 self.summary.retired.append(f"{table_plan.table} -> {commit.retired_to}")
             self._fault("after_table_commit")
         self._definitions = dict(plan.definitions)
-        done = set(ids)
-        self._ready = [t for t in self._ready if t.transaction_id not in done]
-        self._ready_rows = sum(t.row_count for t in self._ready)
+        for transaction_id in ids:
+            del self._ready[transaction_id]
+        self._ready_rows = sum(t.row_count for t in self._ready.values())
         self._first_ready_at = time.monotonic() if self._ready else None
         self.summary.groups += 1
         self.summary.transactions += len(ids)
@@ -371,12 +371,6 @@ def group_landed(mirror: RelationalMirror, record: GroupRecord) -> bool:
     return mirror.group_landed(
         [(planned.table, planned.dropped_by) for planned in record.tables], record.group
     )
-
-
-def _reason(error: ReplicatorError) -> str:
-    text = str(error)
-    prefix = text.partition(": ")
-    return prefix[2] if prefix[0].startswith("transaction ") else text
 
 
 def open_source(config: ReplicatorConfig) -> MessageSource:

@@ -48,6 +48,9 @@ class SpillingSegmentStore:
     def spilled_transactions(self) -> tuple[int, ...]:
         return tuple(sorted(self._files))
 
+    def is_spilled(self, transaction_id: int) -> bool:
+        return transaction_id in self._files
+
     def _path(self, transaction_id: int) -> Path:
         return self._directory / f"transaction-{transaction_id}.segments"
 
