@@ -15,10 +15,10 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
-# Delta's jars are fetched once into a local cache (see replicator/jars.py); tests never download.
+# Delta's jars are fetched once into a local cache (see replicator/runtime/jars.py); tests never download.
 # Always checked (a no-op taking a fraction of a second when present), so a cleared cache refills.
 jars: $(STAMP)
-	$(PY) -m replicator.jars fetch >/dev/null
+	$(PY) -m replicator.runtime.jars fetch >/dev/null
 
 # The Drizzle source's tests and demo start a RabbitMQ node of their own (replicator/drizzle/
 # broker.py) from Debian's rabbitmq-server, installed here once. Without root, or sudo that needs

@@ -1,7 +1,7 @@
 """spark-submit entry point: replicate a Couchbase bucket into a Delta table.
 
     REPLICATOR_PASSWORD=... spark-submit \
-        --jars "$(python -m replicator.jars locate | paste -sd, -)" \
+        --jars "$(python -m replicator.runtime.jars locate | paste -sd, -)" \
         jobs/replicate.py --source couchbase://db1/travel --target s3a://lake/travel \
         --until-caught-up
 
@@ -31,7 +31,7 @@ except ImportError:
     # Run from a source checkout without the package installed: the repo root holds it.
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from replicator.cli import run_job
+from replicator.cli.main import run_job
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -30,10 +30,10 @@ from replicator.errors import ReplicatorError
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the soak with `argv` (default: the command line); returns the exit code."""
-    from replicator.dcp.fuzz import fuzz_frames
+    from replicator.dcp.protocol.fuzz import fuzz_frames
+    from replicator.runtime.spark import build_session
     from replicator.soak import CrashLoopSettings, run_crash_loop
     from replicator.soak.report import write_report
-    from replicator.spark import build_session
 
     parser = argparse.ArgumentParser(prog="soak.py", description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--kills", type=int, default=200, help="SIGKILLs of the replicator")

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from replicator.dcp.auth import SASL_MECHANISM_NAMES, parse_sasl_mechanism
+from replicator.dcp.transport.auth import SASL_MECHANISM_NAMES, parse_sasl_mechanism
 from replicator.errors import ConfigError
 
 ENV_PREFIX = "REPLICATOR_"

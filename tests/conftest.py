@@ -1,4 +1,4 @@
-"""One SparkSession per test run (built by replicator.spark, as jobs and notebooks do)."""
+"""One SparkSession per test run (built by replicator.runtime.spark, as jobs and notebooks do)."""
 
 from __future__ import annotations
 
@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from replicator.spark import SMALL_DATA_CONF
+from replicator.runtime.spark import SMALL_DATA_CONF
 from tests.golden_vectors import VECTORS
 
 LONGEST_FIRST = (
     "tests/test_crash_loop.py",
     "tests/test_faults_e2e.py",
     "tests/drizzle/test_mirror_e2e.py",
-    "tests/test_audit.py",
+    "tests/inspect/test_audit.py",
     "tests/test_rollback_scenarios.py",
     "tests/cli/test_end_to_end.py",
     "tests/test_notebooks.py",
@@ -26,8 +26,8 @@ LONGEST_FIRST = (
     "tests/cli/test_clean_stop.py",
     "tests/cli/test_metrics.py",
     "tests/delta/test_recovery.py",
-    "tests/test_standalone_cluster.py",
-    "tests/test_replication.py",
+    "tests/runtime/test_standalone_cluster.py",
+    "tests/pipeline/test_replication.py",
 )
 """Modules taking a minute or more of a worker, longest first (measured): `make test` hands
 modules out in collection order, so the long ones start early and the short ones even out the
@@ -36,7 +36,7 @@ end. xdist's default order (most tests first) would leave a long module of few t
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[object]:
-    from replicator.spark import build_session
+    from replicator.runtime.spark import build_session
 
     # Planned as the tests' short-lived drivers are (small data: no generated code, no adaptive
     # re-planning), which took 7% off a run of the fault and rollback modules; the spark-submit

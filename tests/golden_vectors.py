@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from replicator.dcp.frame import encode_frame
-from replicator.dcp.opcodes import Magic
+from replicator.dcp.protocol.frame import encode_frame
+from replicator.dcp.protocol.opcodes import Magic
 
 VECTORS = Path(__file__).resolve().parents[1].parent / "shared" / "vectors"
 GOMEMCACHED = VECTORS / "gomemcached"

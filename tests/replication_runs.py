@@ -14,8 +14,8 @@ from typing import Any
 
 from replicator.config import ReplicatorConfig, Secret
 from replicator.delta.executor import FaultHook
-from replicator.replication import Replication, ReplicationSummary
-from replicator.runner import BackgroundRun, run_replication
+from replicator.pipeline.replication import Replication, ReplicationSummary
+from replicator.pipeline.runner import BackgroundRun, run_replication
 from replicator.sim.cluster import DEFAULT_PASSWORD, SimCluster
 
 WAIT_S = 120.0

@@ -16,14 +16,14 @@ from typing import Any
 import pytest
 
 from replicator.config import ReplicatorConfig, Secret
-from replicator.runner import run_replication
+from replicator.pipeline.runner import run_replication
+from replicator.runtime.spark import SMALL_DATA_CONF
 from replicator.sim.bucket import SimBucket
 from replicator.sim.cluster import DEFAULT_PASSWORD, SimCluster
 from replicator.sim.workload import initial_load
 from replicator.soak import CrashLoopSettings, MirrorAudit, MirrorViolation, run_crash_loop
 from replicator.soak.loop import INITIAL_LOAD, STARTUP, STEADY, fault_schedule
 from replicator.soak.process import FAST_START_FLAGS, JvmTuning, default_class_archive
-from replicator.spark import SMALL_DATA_CONF
 
 
 @pytest.mark.parametrize("kills", [1, 2, 3, 8, 20, 200])

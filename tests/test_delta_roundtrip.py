@@ -53,7 +53,7 @@ def test_merge_time_travel_and_commit_metadata(spark: Any, tmp_path: Path) -> No
 
 
 def test_the_shared_session_has_delta_and_the_small_machine_defaults(spark: Any) -> None:
-    from replicator.spark import DELTA_CONF, LOCAL_DEFAULTS
+    from replicator.runtime.spark import DELTA_CONF, LOCAL_DEFAULTS
 
     for key, value in {**DELTA_CONF, **LOCAL_DEFAULTS}.items():
         assert spark.conf.get(key) == value, key

@@ -20,7 +20,7 @@ from delta.tables import DeltaTable
 from replicator.delta.executor import FAULT_STEPS, CommitExecutor, WriteStrategy
 from replicator.delta.failover_logs import FailoverLogsTable
 from replicator.delta.schema import MirrorLayout
-from replicator.replication import ReplicationSummary
+from replicator.pipeline.replication import ReplicationSummary
 from replicator.sim.bucket import DocumentRecord, SimBucket
 from replicator.sim.cluster import SimCluster
 from replicator.sim.workload import Workload, WorkloadMix, initial_load

@@ -20,14 +20,14 @@ import pytest
 from replicator.config import ReplicatorConfig
 from replicator.delta.table import table_version
 from replicator.errors import ReplicatorError
-from replicator.runner import run_replication
+from replicator.pipeline.runner import run_replication
 from replicator.sim.bucket import SimBucket, Upsert
 from replicator.sim.cluster import SimCluster
 from replicator.sim.failover_table import StreamRangeError, StreamRequest
 from replicator.sim.faults import MalformedFrame
 from replicator.sim.server import ServerOptions
 from replicator.sim.workload import Workload, WorkloadMix, initial_load
-from replicator.snapshots.staging import StagingError
+from replicator.staging.stager import StagingError
 from tests.mirror_check import (
     assert_every_version_consistent,
     assert_mirror_equals_bucket,

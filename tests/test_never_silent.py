@@ -16,11 +16,11 @@ from typing import Any
 import pytest
 
 from replicator.config import ReplicatorConfig
-from replicator.dcp.events import StreamEndReason
-from replicator.dcp.opcodes import Opcode
+from replicator.dcp.protocol.events import StreamEndReason
+from replicator.dcp.protocol.opcodes import Opcode
 from replicator.errors import ReplicatorError, UnsupportedCommandError
-from replicator.replication import LOST_HISTORY_REASON
-from replicator.runner import run_replication
+from replicator.pipeline.replication import LOST_HISTORY_REASON
+from replicator.pipeline.runner import run_replication
 from replicator.sim.bucket import SimBucket, Upsert
 from replicator.sim.cluster import SimCluster
 from tests.mirror_check import assert_mirror_equals_bucket

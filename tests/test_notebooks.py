@@ -1,7 +1,7 @@
 """Both notebooks run top to bottom, and their assertions hold (issue 10).
 
 The sample mirror is built once, in this process, by the function the notebooks call when no
-MIRROR_PATH is set (`replicator.demo.build_sample_mirror`) on the session's warm Spark; both
+MIRROR_PATH is set (`replicator.cli.demo.build_sample_mirror`) on the session's warm Spark; both
 notebooks then read it through MIRROR_PATH, the way a user points them at the demo's table, so no
 kernel builds a mirror in a cold JVM. Both run in one kernel, one after the other, to start one
 Spark driver instead of two; between them the kernel forgets everything the first defined (its
@@ -24,7 +24,7 @@ from jupyter_client.kernelspec import KernelSpec
 from jupyter_client.manager import KernelManager
 from nbclient import NotebookClient
 
-from replicator.demo import DemoConsole, build_sample_mirror
+from replicator.cli.demo import DemoConsole, build_sample_mirror
 from tests.cli import FAST_START_SUBMIT_ARGS
 
 REPO = Path(__file__).resolve().parents[1]

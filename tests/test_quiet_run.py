@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from replicator.cli import EXIT_OK
+from replicator.cli.main import EXIT_OK
 from replicator.sim.bucket import SimBucket
 from replicator.sim.cluster import SimCluster
 from replicator.sim.workload import initial_load, run_workload
@@ -33,7 +33,8 @@ DOCS = 400
 LIVE_CHANGES_PER_S = 20
 """Enough that every commit interval has changes to commit: a data MERGE every second or so."""
 HEARTBEATS = 2
-"""The owner heartbeats every 15 s (replicator.replication): a warning per heartbeat shows twice."""
+"""The owner heartbeats every 15 s (replicator.pipeline.replication): a warning per heartbeat
+shows twice."""
 DATA_COMMITS = 4
 SPARK_RUN_TIMEOUT = 900.0
 """Generous: a Spark process on a busy two-core machine takes minutes, not seconds."""
@@ -145,13 +146,13 @@ def test_repeated_spark_warnings_mask_numbers_and_keep_single_ones_and_python_li
     log = "\n".join([
         "26/11/26 00:39:06 WARN SparkStringUtils: Truncated the string representation of a plan.",
         "26/11/26 00:39:23 WARN MapPartitionsRDD: RDD 57 was locally checkpointed",
-        "2026-11-26 00:39:23,333 INFO replicator.runner replicating 64 vbuckets",
+        "2026-11-26 00:39:23,333 INFO replicator.pipeline.runner replicating 64 vbuckets",
         "26/11/26 00:40:01 WARN MapPartitionsRDD: RDD 240 was locally checkpointed",
         "26/11/26 00:40:10 WARN UpdateCommand: Could not validate number of records.",
         "26/11/26 00:40:36 WARN UpdateCommand: Could not validate number of records.",
         "26/11/26 00:40:38 ERROR DeleteCommand: once",
-        "2026-11-26 00:40:39,000 WARNING replicator.runner twice",
-        "2026-11-26 00:40:40,000 WARNING replicator.runner twice",
+        "2026-11-26 00:40:39,000 WARNING replicator.pipeline.runner twice",
+        "2026-11-26 00:40:40,000 WARNING replicator.pipeline.runner twice",
     ])
     assert repeated_spark_warnings(log) == {
         "WARN MapPartitionsRDD: RDD N was locally checkpointed": 2,

@@ -18,7 +18,7 @@ from delta.tables import DeltaTable
 
 from replicator.delta.schema import COMMIT, ROLLBACK
 from replicator.delta.table import table_version
-from replicator.replication import Replication
+from replicator.pipeline.replication import Replication
 from replicator.sim import commands
 from replicator.sim.bucket import SimBucket
 from replicator.sim.cluster import SimCluster

@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest
 
-from replicator.cli import EXIT_OK, EXIT_USAGE, main
+from replicator.cli.main import EXIT_OK, EXIT_USAGE, main
 from replicator.config import ReplicatorConfig, Secret
 from replicator.errors import AuthenticationError, ConfigError, TlsError
-from replicator.runner import connect_source, run_replication
+from replicator.pipeline.runner import connect_source, run_replication
 from replicator.sim.bucket import SimBucket
 from replicator.sim.cluster import SimCluster, server_tls_context
 from replicator.sim.workload import Workload, initial_load

@@ -119,7 +119,7 @@ def live_workload(bucket: SimBucket, seed: int) -> threading.Thread:
 def test_two_shards_with_failovers_mirror_the_bucket_and_lose_no_commit(
     spark: Any, producer: SimCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from replicator.cli import main
+    from replicator.cli.main import main
 
     bucket = producer.bucket
     target = tmp_path / "mirror"
@@ -326,8 +326,8 @@ def test_a_merge_that_loses_a_race_for_its_partition_is_retried_and_lands_once(
 def test_status_of_a_sharded_mirror_shows_each_vbuckets_owner() -> None:
     from datetime import UTC, datetime
 
-    from replicator.dcp.positions import VbucketPosition
-    from replicator.status import MirrorStatus, VbucketStatus
+    from replicator.inspect.status import MirrorStatus, VbucketStatus
+    from replicator.model.positions import VbucketPosition
 
     at = datetime(2026, 1, 31, 12, 0, tzinfo=UTC)
 

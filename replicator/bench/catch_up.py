@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from replicator.bench.initial_load import last_spark_job
 from replicator.config import ReplicatorConfig, Secret
-from replicator.runner import run_replication
+from replicator.pipeline.runner import run_replication
 from replicator.sim.bucket import SimBucket
 from replicator.sim.cluster import DEFAULT_PASSWORD, SimCluster
 from replicator.sim.workload import initial_load

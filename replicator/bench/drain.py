@@ -21,18 +21,18 @@ from replicator.bench.reference_drain import (
     build_reference_client,
     measure_reference_drain,
 )
-from replicator.dcp.auth import Credentials
-from replicator.dcp.client import DcpClient
-from replicator.dcp.decode_bench import measure_decode_rate
-from replicator.dcp.events import (
+from replicator.dcp.cluster.client import DcpClient
+from replicator.dcp.protocol.decode_bench import measure_decode_rate
+from replicator.dcp.protocol.events import (
     DocumentChanges,
     Mutation,
     StreamEnd,
     StreamEndReason,
     StreamOpened,
 )
-from replicator.dcp.positions import VbucketPosition
+from replicator.dcp.transport.auth import Credentials
 from replicator.errors import ProtocolError
+from replicator.model.positions import VbucketPosition
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from replicator.bench.procfs import CpuMeter, spark_jvm_pid
 from replicator.config import ReplicatorConfig, Secret
-from replicator.runner import run_replication
+from replicator.pipeline.runner import run_replication
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

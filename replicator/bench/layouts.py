@@ -893,7 +893,7 @@ def _names(parser: argparse.ArgumentParser, text: str) -> tuple[str, ...]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from replicator.spark import build_session
+    from replicator.runtime.spark import build_session
 
     args = parse_args(argv)
     started_at = datetime.now(UTC).isoformat(timespec="seconds")

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 from replicator.bench.initial_load import bench_config
 from replicator.bench.procfs import peak_rss_bytes, spark_jvm_pid
-from replicator.runner import run_replication
+from replicator.pipeline.runner import run_replication
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -33,7 +33,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("memory_probe: set REPLICATOR_PASSWORD", file=sys.stderr)
         return 2
 
-    from replicator.spark import build_session
+    from replicator.runtime.spark import build_session
 
     spark = build_session("bench-memory-probe")
     config = bench_config(

@@ -23,8 +23,8 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from replicator.dcp.positions import VbucketPosition
 from replicator.delta.schema import ROLLBACK, CommitMetadata
+from replicator.model.positions import VbucketPosition
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -53,7 +53,7 @@ class CommandTiming:
     @property
     def answered(self) -> bool:
         """The command gave its answer: exit 0, or (status) a health verdict's exit code."""
-        from replicator.health import Health
+        from replicator.pipeline.health import Health
 
         return self.exit_code in {state.exit_code for state in Health}
 

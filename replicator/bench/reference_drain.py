@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from replicator.dcp.auth import Credentials
-from replicator.dcp.flow_control import DEFAULT_WINDOW_BYTES
+from replicator.dcp.transport.auth import Credentials
+from replicator.dcp.transport.flow_control import DEFAULT_WINDOW_BYTES
 from replicator.errors import ReplicatorError
 
 REFERENCE_CLIENT = "java-dcp-client 0.56.0"

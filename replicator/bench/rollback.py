@@ -20,7 +20,6 @@ from urllib.parse import unquote
 
 import pyarrow as pa
 
-from replicator.dcp.positions import FailoverLog, VbucketPosition
 from replicator.delta.checkpoints import CheckpointsTable
 from replicator.delta.executor import CommitExecutor
 from replicator.delta.ownership import OwnersTable
@@ -28,8 +27,9 @@ from replicator.delta.rollback import plan_rollback, rollback_vbucket, time_trav
 from replicator.delta.schema import DATA_COLUMNS, UPSERT, MirrorConfig
 from replicator.delta.table import MirrorTable, open_or_create
 from replicator.errors import ReplicatorError
-from replicator.snapshots.planner import CommitBatch, CommitTrigger, VbucketCommit
-from replicator.snapshots.rows import CHANGE_SCHEMA
+from replicator.model.positions import FailoverLog, VbucketPosition
+from replicator.planning.planner import CommitBatch, CommitTrigger, VbucketCommit
+from replicator.staging.rows import CHANGE_SCHEMA
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -1,8 +1,8 @@
 """Measurement: the initial load as one replicator and as two shards, on a standalone cluster.
 
-A Spark standalone master and worker(s) on 127.0.0.1 (replicator.standalone), the producer in
-its own process. First one `spark-submit jobs/replicate.py --until-caught-up` loads every
-vbucket with all the cluster's cores; then two, `--vbuckets 1/2` and `2/2`, run side by side
+A Spark standalone master and worker(s) on 127.0.0.1 (replicator.runtime.standalone), the
+producer in its own process. First one `spark-submit jobs/replicate.py --until-caught-up` loads
+every vbucket with all the cluster's cores; then two, `--vbuckets 1/2` and `2/2`, run side by side
 into another fresh target, each with half the cores (the second starts once the first has
 created the mirror). The clock of a run goes from the first submit to the last exit, so it
 includes what an operator waits for: JVM and executor start-up.
@@ -19,9 +19,9 @@ from pathlib import Path
 
 from replicator.bench.simulator import SIM_PASSWORD, SIM_USERNAME, SimulatorProcess
 from replicator.errors import ReplicatorError
-from replicator.jars import locate_delta_jars
+from replicator.runtime.jars import locate_delta_jars
+from replicator.runtime.standalone import StandaloneCluster, SubmitResult
 from replicator.soak.process import replicator_environment
-from replicator.standalone import StandaloneCluster, SubmitResult
 
 JOB = Path(__file__).resolve().parents[2] / "jobs" / "replicate.py"
 _CAUGHT_UP = re.compile(r"caught up: (\d+) changes")

@@ -29,10 +29,10 @@ from typing import TYPE_CHECKING
 from replicator.bench.initial_load import bench_config
 from replicator.bench.simulator import SIM_PASSWORD, SIM_USERNAME, SimulatorProcess
 from replicator.config import ReplicatorConfig
-from replicator.dcp.auth import Credentials
-from replicator.dcp.client import DcpClient
+from replicator.dcp.cluster.client import DcpClient
+from replicator.dcp.transport.auth import Credentials
 from replicator.delta.schema import CommitMetadata
-from replicator.runner import BackgroundRun
+from replicator.pipeline.runner import BackgroundRun
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

@@ -39,8 +39,8 @@ from replicator.bench.steady_state import (
     measure_steady_state,
 )
 from replicator.bench.transactions import TransactionSourceResult, measure_transaction_source
-from replicator.dcp.auth import Credentials
-from replicator.snapshots.planner import CommitThresholds
+from replicator.dcp.transport.auth import Credentials
+from replicator.planning.planner import CommitThresholds
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -95,7 +95,7 @@ def run_suite(
     work = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix="replicator-bench-"))
     work.mkdir(parents=True, exist_ok=True)
     if spark is None:
-        from replicator.spark import build_session
+        from replicator.runtime.spark import build_session
 
         spark = build_session("replicator-bench")
     machine = describe_machine(spark)

@@ -14,9 +14,9 @@ from datetime import datetime
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
-from replicator.dcp.positions import VbucketPosition
 from replicator.delta.schema import CHECKPOINT_SCHEMA, txn_app_id
 from replicator.delta.table import SESSION_WRITE_LOCK, CommitRecord, MirrorTable, as_utc
+from replicator.model.positions import VbucketPosition
 
 if TYPE_CHECKING:
     import pyarrow as pa

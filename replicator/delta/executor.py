@@ -35,7 +35,6 @@ from urllib.parse import urlparse
 
 import pyarrow as pa
 
-from replicator.dcp.positions import VbucketPosition
 from replicator.delta.checkpoints import CheckpointsTable
 from replicator.delta.ownership import OwnerClaim, OwnersTable
 from replicator.delta.schema import (
@@ -64,13 +63,14 @@ from replicator.delta.table import (
     retry_on_conflict,
 )
 from replicator.errors import OwnershipConflict, ReplicatorError
-from replicator.snapshots.planner import (
+from replicator.model.positions import VbucketPosition
+from replicator.planning.planner import (
     CommitBatch,
     VbucketCommit,
     deduplicate_changes,
     history_revisions,
 )
-from replicator.snapshots.rows import CHANGE_SCHEMA as ARROW_CHANGE_SCHEMA
+from replicator.staging.rows import CHANGE_SCHEMA as ARROW_CHANGE_SCHEMA
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession

@@ -23,7 +23,7 @@ from replicator.delta.table import (
     now_utc,
     retry_on_conflict,
 )
-from replicator.snapshots.rows import CHANGE_SCHEMA
+from replicator.staging.rows import CHANGE_SCHEMA
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

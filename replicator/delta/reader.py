@@ -442,7 +442,7 @@ def table_reader(engine: str | None, spark: SparkSession | None = None) -> Table
         return DeltaRsReader()
     if engine == SPARK:
         if spark is None:
-            from replicator.spark import build_session
+            from replicator.runtime.spark import build_session
 
             spark = build_session("replicator-read")
         return SparkReader(spark)

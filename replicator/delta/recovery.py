@@ -11,11 +11,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from replicator.dcp.positions import FailoverLog, VbucketPosition
 from replicator.delta.checkpoints import CheckpointsTable
 from replicator.delta.failover_logs import FailoverLogsTable
 from replicator.delta.schema import ROLLBACK
 from replicator.delta.table import MirrorTable
+from replicator.model.positions import FailoverLog, VbucketPosition
 
 FIRST_BATCH_ID = 1
 

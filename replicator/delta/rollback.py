@@ -14,13 +14,13 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from replicator.dcp.positions import FailoverLog, VbucketPosition
 from replicator.delta.checkpoints import Checkpoint
 from replicator.delta.executor import CommitExecutor, CommitFailed, DataCommit
 from replicator.delta.failover_logs import FailoverLogsTable
 from replicator.delta.schema import DATA_COLUMNS, RESYNC, ROLLBACK, UPSERT
 from replicator.delta.table import MirrorTable, engine_error_summary, now_utc, path_exists
-from replicator.snapshots.planner import VbucketCommit
+from replicator.model.positions import FailoverLog, VbucketPosition
+from replicator.planning.planner import VbucketCommit
 
 _UNREADABLE_MARKERS = (
     "FILE_NOT_EXIST",

@@ -29,7 +29,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from replicator.dcp.positions import VbucketPosition
+from replicator.model.positions import VbucketPosition
 
 FORMAT_VERSION = 1
 """Bumped when the layout or the metadata format changes incompatibly."""
@@ -85,7 +85,7 @@ CHANGE_SCHEMA = StructType(
         *DATA_SCHEMA.fields[10:],
     ]
 )
-"""Spark twin of `replicator.snapshots.rows.CHANGE_SCHEMA` (staged change rows, spill files)."""
+"""Spark twin of `replicator.staging.rows.CHANGE_SCHEMA` (staged change rows, spill files)."""
 
 CHECKPOINT_SCHEMA = StructType(
     [

@@ -2,7 +2,7 @@
 
 - `log`: Drizzle's transaction log file (read, follow, write), with its exact framing
 - `assembly`: Transaction messages in, complete transactions out (segments, rollbacks,
-  duplicates), like `replicator.snapshots.assembly` for DCP
+  duplicates), like `replicator.staging.assembly` for DCP
 - `changes` / `schema`: what a complete transaction changed, typed for the Delta side
 - `decode` / `encode`: messages to typed changes and back (the producer's side)
 - `state`: an in-memory model of the source database, for tests and `verify`

@@ -46,7 +46,7 @@ from typing import IO
 
 from replicator.drizzle.amqp import AmqpError, AmqpSource, ConnectionSettings, check_source
 from replicator.errors import ReplicatorError
-from replicator.standalone import free_port
+from replicator.runtime.standalone import free_port
 
 log = logging.getLogger(__name__)
 

@@ -400,7 +400,7 @@ def run_drizzle_replication(
     """`replicator run` for a Drizzle source: until caught up, or until SIGTERM / SIGINT."""
     import signal
 
-    from replicator.spark import build_session
+    from replicator.runtime.spark import build_session
 
     config.require_source_and_target()
     source = open_source(config)

@@ -107,7 +107,7 @@ def revision_history(
     literal = reader.literal
     condition = f"key = {literal(key)} AND op <> {literal(ROLLBACK_OP)}"
     if collection is not None:
-        from replicator.audit import split_collection
+        from replicator.inspect.audit import split_collection
 
         scope, name = split_collection(collection)
         condition += f" AND scope = {literal(scope)} AND collection = {literal(name)}"

@@ -29,8 +29,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from replicator.dcp.events import Deletion, Expiration, Mutation
-from replicator.dcp.positions import FailoverLog
+from replicator.dcp.protocol.events import Deletion, Expiration, Mutation
+from replicator.model.positions import FailoverLog
 from replicator.sim.collections import (
     DEFAULT_COLLECTION_ID,
     DEFAULT_COLLECTION_PATH,

@@ -18,7 +18,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from types import FrameType
 
-from replicator.dcp.auth import parse_sasl_mechanism
+from replicator.dcp.transport.auth import parse_sasl_mechanism
 from replicator.errors import ConfigError
 from replicator.sim.bucket import SimBucket
 from replicator.sim.cluster import (

@@ -35,9 +35,9 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
 
-from replicator.dcp.connstr import format_address
-from replicator.dcp.events import StreamEndReason
-from replicator.dcp.positions import FailoverLog
+from replicator.dcp.cluster.connstr import format_address
+from replicator.dcp.protocol.events import StreamEndReason
+from replicator.model.positions import FailoverLog
 from replicator.sim.bucket import SimBucket
 from replicator.sim.cluster_config import BucketTopology, NodeEndpoint, encode_bucket_config
 from replicator.sim.faults import MalformedFrame

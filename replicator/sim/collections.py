@@ -12,7 +12,7 @@ import json
 import re
 from dataclasses import dataclass
 
-from replicator.dcp.events import SystemEventType
+from replicator.dcp.protocol.events import SystemEventType
 
 DEFAULT_SCOPE = "_default"
 DEFAULT_COLLECTION = "_default"

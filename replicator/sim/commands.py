@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from replicator.dcp.codec import (
+from replicator.dcp.protocol.codec import (
     BufferAck,
     CloseStream,
     DcpControl,
@@ -40,9 +40,9 @@ from replicator.dcp.codec import (
     encode_sasl_mechanisms,
     encode_vbucket_seqnos,
 )
-from replicator.dcp.events import StreamEndReason, SystemEvent
-from replicator.dcp.frame import Frame
-from replicator.dcp.opcodes import (
+from replicator.dcp.protocol.events import StreamEndReason, SystemEvent
+from replicator.dcp.protocol.frame import Frame
+from replicator.dcp.protocol.opcodes import (
     Datatype,
     DcpOpenFlags,
     HelloFeature,

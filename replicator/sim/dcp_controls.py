@@ -13,7 +13,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, replace
 
-from replicator.dcp.opcodes import Status
+from replicator.dcp.protocol.opcodes import Status
 
 MAX_BUFFER_SIZE = 0xFFFFFFFF
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 
-from replicator.dcp.opcodes import Status
+from replicator.dcp.protocol.opcodes import Status
 
 ERROR_MAP_VERSION = 1
 ERROR_MAP_REVISION = 1

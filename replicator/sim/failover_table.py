@@ -11,7 +11,7 @@ import random
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from replicator.dcp.positions import MAX_FAILOVER_ENTRIES, FailoverEntry, FailoverLog
+from replicator.model.positions import MAX_FAILOVER_ENTRIES, FailoverEntry, FailoverLog
 
 _UUID_BITS = 48
 """kv_engine shifts a 64-bit random number right by 16 bits: uuids have 48 significant bits."""

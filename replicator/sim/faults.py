@@ -12,8 +12,8 @@ import enum
 import time
 from collections.abc import Callable
 
-from replicator.dcp.frame import HEADER_SIZE
-from replicator.dcp.opcodes import Opcode
+from replicator.dcp.protocol.frame import HEADER_SIZE
+from replicator.dcp.protocol.opcodes import Opcode
 
 DOCUMENT_OPCODES = frozenset(
     {int(Opcode.DCP_MUTATION), int(Opcode.DCP_DELETION), int(Opcode.DCP_EXPIRATION)}

@@ -13,8 +13,8 @@ import struct
 from collections import deque
 from dataclasses import dataclass, replace
 
-from replicator.dcp.codec import INITIAL_NRU, ConnectionFeatures, encode_dcp_message
-from replicator.dcp.events import (
+from replicator.dcp.protocol.codec import INITIAL_NRU, ConnectionFeatures, encode_dcp_message
+from replicator.dcp.protocol.events import (
     Deletion,
     Expiration,
     Mutation,
@@ -25,9 +25,9 @@ from replicator.dcp.events import (
     SystemEvent,
     SystemEventType,
 )
-from replicator.dcp.frame import with_stream_id
-from replicator.dcp.opcodes import Datatype, Magic, Opcode
-from replicator.dcp.values import compress_value, encode_leb128, encode_xattrs
+from replicator.dcp.protocol.frame import with_stream_id
+from replicator.dcp.protocol.opcodes import Datatype, Magic, Opcode
+from replicator.dcp.protocol.values import compress_value, encode_leb128, encode_xattrs
 from replicator.sim.dcp_controls import MarkerVersion
 from replicator.sim.vbucket import ServedSnapshot, StreamCursor, expiration_as_deletion
 

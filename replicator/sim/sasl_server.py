@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from scramp import ScramException, ScramMechanism
 
-from replicator.dcp.opcodes import Status
+from replicator.dcp.protocol.opcodes import Status
 
 MECHANISMS = ("SCRAM-SHA512", "SCRAM-SHA256", "SCRAM-SHA1", "PLAIN")
 """What SASL_LIST_MECHS answers by default, strongest first, spelled as Couchbase spells them."""

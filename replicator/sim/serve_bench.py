@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from replicator.dcp.codec import (
+from replicator.dcp.protocol.codec import (
     BufferAck,
     ClientRequest,
     DcpControl,
@@ -32,7 +32,7 @@ from replicator.dcp.codec import (
     StreamRequest,
     encode_request,
 )
-from replicator.dcp.opcodes import DcpOpenFlags, HelloFeature, Opcode, Status
+from replicator.dcp.protocol.opcodes import DcpOpenFlags, HelloFeature, Opcode, Status
 from replicator.sim.bucket import SimBucket
 from replicator.sim.cli import PASSWORD_ENV
 from replicator.sim.cluster import DEFAULT_PASSWORD, DEFAULT_USERNAME, SimCluster

@@ -21,15 +21,15 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from contextlib import suppress
 
-from replicator.dcp.codec import (
+from replicator.dcp.protocol.codec import (
     ClustermapChangeNotification,
     DcpNoop,
     encode_dcp_message,
     encode_server_request,
 )
-from replicator.dcp.events import StreamEndReason
-from replicator.dcp.frame import Frame, FrameReader
-from replicator.dcp.opcodes import HelloFeature, Magic, Opcode
+from replicator.dcp.protocol.events import StreamEndReason
+from replicator.dcp.protocol.frame import Frame, FrameReader
+from replicator.dcp.protocol.opcodes import HelloFeature, Magic, Opcode
 from replicator.errors import ProtocolError
 from replicator.sim.commands import CommandProcessor
 from replicator.sim.faults import DOCUMENT_OPCODES, MalformedFrame, SendRateLimit

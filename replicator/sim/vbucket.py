@@ -29,7 +29,7 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterable, Sequence, Set
 from dataclasses import dataclass
 
-from replicator.dcp.events import (
+from replicator.dcp.protocol.events import (
     Deletion,
     Expiration,
     Mutation,
@@ -40,7 +40,7 @@ from replicator.dcp.events import (
     SystemEvent,
     SystemEventType,
 )
-from replicator.dcp.positions import MAX_SEQNO, FailoverEntry, FailoverLog
+from replicator.model.positions import MAX_SEQNO, FailoverEntry, FailoverLog
 from replicator.sim.collections import ManifestChange
 from replicator.sim.failover_table import (
     FailoverTable,

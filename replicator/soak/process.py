@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from replicator.spark import SMALL_DATA_CONF
+from replicator.runtime.spark import SMALL_DATA_CONF
 
 FAST_START_FLAGS = ("-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC")
 """Cheaper JIT and GC for runs that live seconds to minutes; they change no behaviour."""
@@ -60,7 +60,8 @@ class JvmTuning:
         return " ".join(flags)
 
     def submit_args(self, *, write_archive_to: Path | None = None) -> str:
-        """PYSPARK_SUBMIT_ARGS for a run (replicator.spark keeps a value set in the environment)."""
+        """PYSPARK_SUBMIT_ARGS for a run (replicator.runtime.spark keeps a value set in the
+        environment)."""
         options = shlex.quote(self.java_options(write_archive_to=write_archive_to))
         conf = " ".join(f"--conf {key}={value}" for key, value in SMALL_DATA_CONF.items())
         return (

@@ -23,7 +23,7 @@ from replicator.bench.reference_drain import (
     parse_reference_output,
     seed_nodes,
 )
-from replicator.dcp.auth import Credentials
+from replicator.dcp.transport.auth import Credentials
 from replicator.sim.bucket import SimBucket
 from replicator.sim.cluster import DEFAULT_PASSWORD, DEFAULT_USERNAME, SimCluster
 from replicator.sim.workload import initial_load

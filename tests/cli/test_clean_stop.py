@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from replicator.cli import EXIT_INTERRUPTED, EXIT_OK
+from replicator.cli.main import EXIT_INTERRUPTED, EXIT_OK
 from replicator.sim.bucket import SimBucket
 from replicator.sim.cluster import SimCluster
 from replicator.sim.workload import initial_load, run_workload

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from replicator.cli import EXIT_USAGE
+from replicator.cli.main import EXIT_USAGE
 from replicator.sim.bucket import SimBucket
 from replicator.sim.cluster import SimCluster
 from replicator.sim.workload import Workload
@@ -26,7 +26,7 @@ DISK_FULL_DRIVER = """
 import errno
 import sys
 
-import replicator.runner as runner
+import replicator.pipeline.runner as runner
 
 real_run_replication = runner.run_replication
 
@@ -41,7 +41,7 @@ def run_with_a_full_disk(config, **options):
 
 
 runner.run_replication = run_with_a_full_disk
-from replicator.cli import main
+from replicator.cli.main import main
 
 sys.exit(main(sys.argv[1:]))
 """

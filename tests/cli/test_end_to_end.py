@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from chispa import assert_df_equality
 
-from replicator.cli import EXIT_DIFFERENT, EXIT_OK, main
+from replicator.cli.main import EXIT_DIFFERENT, EXIT_OK, main
 from replicator.sim.bucket import SimBucket
 from replicator.sim.cluster import SimCluster
 from replicator.sim.workload import initial_load
@@ -109,7 +109,7 @@ def test_sigterm_mid_load_then_restart_equals_source_with_each_change_applied_on
 ) -> None:
     from replicator.delta.reader import SparkReader
     from replicator.delta.schema import CommitMetadata
-    from replicator.status import read_mirror
+    from replicator.inspect.status import read_mirror
 
     load = interrupted_load
     bucket = load.cluster.bucket
@@ -231,7 +231,7 @@ def test_status_of_the_caught_up_mirror(
 
 def spark_submit_job(cluster: SimCluster, target: Path) -> CliRun:
     """`spark-submit jobs/replicate.py --until-caught-up`, the Delta jars passed with --jars."""
-    from replicator.jars import locate_delta_jars
+    from replicator.runtime.jars import locate_delta_jars
 
     jars = ",".join(str(path) for path in locate_delta_jars().paths)
     spark_submit = Path(sys.executable).parent / "spark-submit"
@@ -277,7 +277,7 @@ def test_verify_catches_source_changes_the_job_catches_up_and_tampering_is_named
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     from replicator.config import ReplicatorConfig, Secret
-    from replicator.verify import run_verify
+    from replicator.inspect.verify import run_verify
 
     load = interrupted_load
     cluster, bucket, target = load.cluster, load.cluster.bucket, str(load.target)

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from replicator.cli import EXIT_OK
+from replicator.cli.main import EXIT_OK
 from replicator.sim.bucket import SimBucket
 from replicator.sim.cluster import SimCluster
 from replicator.sim.workload import initial_load, run_workload
@@ -138,7 +138,7 @@ def test_scraped_metrics_follow_the_workload(tmp_path: Path) -> None:
 
 def test_a_taken_metrics_port_is_a_clear_error() -> None:
     from replicator.errors import ConfigError
-    from replicator.metrics import ReplicationMetrics
+    from replicator.pipeline.metrics import ReplicationMetrics
 
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from replicator.cli import EXIT_USAGE, main
+from replicator.cli.main import EXIT_USAGE, main
 from replicator.sim.bucket import SimBucket
 from replicator.sim.cluster import SimCluster, server_tls_context
 from replicator.sim.server import ServerOptions

@@ -5,9 +5,9 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable
 
-from replicator.dcp.codec import ConnectionFeatures, encode_dcp_message
-from replicator.dcp.columnar import DocumentColumns, DocumentRun
-from replicator.dcp.events import (
+from replicator.dcp.protocol.codec import ConnectionFeatures, encode_dcp_message
+from replicator.dcp.protocol.columnar import DocumentColumns, DocumentRun
+from replicator.dcp.protocol.events import (
     MUTATION_OPCODE,
     Deletion,
     DocumentChanges,
@@ -15,7 +15,7 @@ from replicator.dcp.events import (
     Mutation,
     RunSummary,
 )
-from replicator.dcp.frame import FrameReader
+from replicator.dcp.protocol.frame import FrameReader
 
 WIRE_FEATURES = ConnectionFeatures(collections=True, delete_times=True)
 

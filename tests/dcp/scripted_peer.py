@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 from scramp import ScramException, ScramMechanism
 
-from replicator.dcp.codec import (
+from replicator.dcp.protocol.codec import (
     ClientMessage,
     ClientRequest,
     CloseStream,
@@ -56,11 +56,11 @@ from replicator.dcp.codec import (
     encode_server_request,
     encode_vbucket_seqnos,
 )
-from replicator.dcp.events import StreamEnd, StreamEndReason
-from replicator.dcp.frame import FrameReader
-from replicator.dcp.opcodes import Status
-from replicator.dcp.positions import FailoverLog
+from replicator.dcp.protocol.events import StreamEnd, StreamEndReason
+from replicator.dcp.protocol.frame import FrameReader
+from replicator.dcp.protocol.opcodes import Status
 from replicator.errors import ProtocolError
+from replicator.model.positions import FailoverLog
 
 T = TypeVar("T")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from replicator.dcp.codec import (
+from replicator.dcp.protocol.codec import (
     BufferAck,
     ClientRequest,
     CloseStream,
@@ -28,7 +28,7 @@ from replicator.dcp.codec import (
     SetVbucketState,
     StreamRequest,
 )
-from replicator.dcp.events import (
+from replicator.dcp.protocol.events import (
     Deletion,
     Expiration,
     Mutation,
@@ -42,7 +42,7 @@ from replicator.dcp.events import (
     SystemEvent,
     SystemEventType,
 )
-from replicator.dcp.opcodes import DcpOpenFlags, StreamRequestFlags, VbucketState
+from replicator.dcp.protocol.opcodes import DcpOpenFlags, StreamRequestFlags, VbucketState
 
 u8 = st.integers(0, 0xFF)
 u16 = st.integers(0, 0xFFFF)

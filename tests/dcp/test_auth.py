@@ -7,13 +7,13 @@ from collections.abc import Callable
 import pytest
 from scramp import ScramException, ScramMechanism
 
-from replicator.dcp.auth import (
+from replicator.dcp.protocol.opcodes import Opcode, Status
+from replicator.dcp.transport.auth import (
     Credentials,
     SaslMechanism,
     authenticate,
     choose_mechanism,
 )
-from replicator.dcp.opcodes import Opcode, Status
 from replicator.errors import AuthenticationError, ConfigError
 
 PASSWORD = "correct-horse-battery"

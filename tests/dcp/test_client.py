@@ -10,9 +10,9 @@ from typing import TypeVar
 
 import pytest
 
-from replicator.dcp.auth import Credentials
-from replicator.dcp.client import ClientOptions, DcpClient, EventBatch
-from replicator.dcp.codec import (
+from replicator.dcp.cluster.client import ClientOptions, DcpClient, EventBatch
+from replicator.dcp.cluster.streams import Backoff, StreamState
+from replicator.dcp.protocol.codec import (
     BufferAck,
     CloseStream,
     DcpControl,
@@ -23,8 +23,7 @@ from replicator.dcp.codec import (
     encode_failover_log,
     encode_rollback_seqno,
 )
-from replicator.dcp.connection import ConnectionOptions
-from replicator.dcp.events import (
+from replicator.dcp.protocol.events import (
     Mutation,
     RollbackRequired,
     SnapshotFlags,
@@ -34,10 +33,10 @@ from replicator.dcp.events import (
     StreamEvent,
     StreamOpened,
 )
-from replicator.dcp.frame import encode_frame
-from replicator.dcp.opcodes import Opcode, Status
-from replicator.dcp.positions import FailoverLog, VbucketPosition
-from replicator.dcp.streams import Backoff, StreamState
+from replicator.dcp.protocol.frame import encode_frame
+from replicator.dcp.protocol.opcodes import Opcode, Status
+from replicator.dcp.transport.auth import Credentials
+from replicator.dcp.transport.connection import ConnectionOptions
 from replicator.errors import (
     AuthenticationError,
     BucketNotFoundError,
@@ -46,6 +45,7 @@ from replicator.errors import (
     NodeUnreachableError,
     ProtocolError,
 )
+from replicator.model.positions import FailoverLog, VbucketPosition
 from tests.dcp.scripted_peer import (
     DEFAULT_FAILOVER_LOG,
     PeerSession,

@@ -15,10 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from replicator.dcp.auth import Credentials
-from replicator.dcp.client import ClientOptions, DcpClient
-from replicator.dcp.connection import ConnectionOptions, TlsSettings
-from replicator.dcp.events import (
+from replicator.dcp.cluster.client import ClientOptions, DcpClient
+from replicator.dcp.cluster.streams import Backoff
+from replicator.dcp.protocol.events import (
     Deletion,
     Expiration,
     Mutation,
@@ -29,9 +28,10 @@ from replicator.dcp.events import (
     StreamEvent,
     StreamOpened,
 )
-from replicator.dcp.positions import FailoverLog, VbucketPosition
-from replicator.dcp.streams import Backoff
+from replicator.dcp.transport.auth import Credentials
+from replicator.dcp.transport.connection import ConnectionOptions, TlsSettings
 from replicator.errors import AuthenticationError, ConnectionLostError
+from replicator.model.positions import FailoverLog, VbucketPosition
 from replicator.sim.bucket import Delete, SimBucket, Upsert
 from replicator.sim.cluster import (
     DEFAULT_PASSWORD,

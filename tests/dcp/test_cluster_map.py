@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from replicator.dcp.cluster_map import ClusterMap, KvNode, parse_cluster_map
+from replicator.dcp.cluster.cluster_map import ClusterMap, KvNode, parse_cluster_map
 from replicator.errors import ConfigError, ProtocolError
 from tests.dcp.scripted_peer import cluster_config
 

@@ -7,7 +7,7 @@ import struct
 
 import pytest
 
-from replicator.dcp.codec import (
+from replicator.dcp.protocol.codec import (
     INITIAL_NRU,
     BufferAck,
     CloseStream,
@@ -46,7 +46,7 @@ from replicator.dcp.codec import (
     sasl_mechanisms_of,
     vbucket_seqnos_of,
 )
-from replicator.dcp.events import (
+from replicator.dcp.protocol.events import (
     Deletion,
     Expiration,
     Mutation,
@@ -56,8 +56,8 @@ from replicator.dcp.events import (
     StreamEnd,
     StreamEndReason,
 )
-from replicator.dcp.frame import encode_frame, parse_frame
-from replicator.dcp.opcodes import (
+from replicator.dcp.protocol.frame import encode_frame, parse_frame
+from replicator.dcp.protocol.opcodes import (
     Datatype,
     DcpOpenFlags,
     HelloFeature,
@@ -67,9 +67,9 @@ from replicator.dcp.opcodes import (
     StreamRequestFlags,
     VbucketState,
 )
-from replicator.dcp.positions import MAX_SEQNO, FailoverLog, VbucketPosition
-from replicator.dcp.values import encode_xattrs
+from replicator.dcp.protocol.values import encode_xattrs
 from replicator.errors import ProtocolError
+from replicator.model.positions import MAX_SEQNO, FailoverLog, VbucketPosition
 
 COLLECTIONS = ConnectionFeatures(collections=True)
 
@@ -281,7 +281,7 @@ def test_sasl_mechanisms_are_space_separated() -> None:
 
 
 def test_snappy_reply_values_are_decompressed_by_readers() -> None:
-    from replicator.dcp.values import compress_value
+    from replicator.dcp.protocol.values import compress_value
 
     value = encode_failover_log(FailoverLog.of([(1, 0)]))
     reply = _response(

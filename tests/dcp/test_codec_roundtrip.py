@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from replicator.dcp.codec import (
+from replicator.dcp.protocol.codec import (
     ClientRequest,
     ClustermapChangeNotification,
     ConnectionFeatures,
@@ -37,10 +37,10 @@ from replicator.dcp.codec import (
     sasl_mechanisms_of,
     vbucket_seqnos_of,
 )
-from replicator.dcp.frame import Frame, FrameReader
-from replicator.dcp.opcodes import Datatype, Magic, Opcode, Status
-from replicator.dcp.positions import MAX_FAILOVER_ENTRIES, FailoverLog
-from replicator.dcp.values import compress_value
+from replicator.dcp.protocol.frame import Frame, FrameReader
+from replicator.dcp.protocol.opcodes import Datatype, Magic, Opcode, Status
+from replicator.dcp.protocol.values import compress_value
+from replicator.model.positions import MAX_FAILOVER_ENTRIES, FailoverLog
 from tests.dcp import strategies as gen
 
 ROUND_TRIP = settings(max_examples=150, deadline=None)

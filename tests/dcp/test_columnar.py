@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from replicator.dcp.codec import (
+from replicator.dcp.protocol.codec import (
     ConnectionFeatures,
     DcpNoop,
     ProducerMessage,
@@ -19,16 +19,16 @@ from replicator.dcp.codec import (
     encode_dcp_message,
     encode_response,
 )
-from replicator.dcp.columnar import DocumentColumns, DocumentRun
-from replicator.dcp.events import (
+from replicator.dcp.protocol.columnar import DocumentColumns, DocumentRun
+from replicator.dcp.protocol.events import (
     Deletion,
     Expiration,
     Mutation,
     SnapshotFlags,
     SnapshotMarker,
 )
-from replicator.dcp.frame import Frame, FrameReader, encode_frame
-from replicator.dcp.opcodes import Opcode, Status
+from replicator.dcp.protocol.frame import Frame, FrameReader, encode_frame
+from replicator.dcp.protocol.opcodes import Opcode, Status
 from replicator.errors import ProtocolError
 from tests.dcp.runs import summarised_alone
 from tests.dcp.strategies import features as feature_sets

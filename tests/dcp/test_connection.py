@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from replicator.dcp.auth import Credentials
-from replicator.dcp.codec import (
+from replicator.dcp.protocol.codec import (
     BufferAck,
     ClustermapChangeNotification,
     DcpControl,
@@ -29,8 +28,7 @@ from replicator.dcp.codec import (
     encode_server_request,
     failover_log_of,
 )
-from replicator.dcp.connection import ConnectionOptions, Delivered, NodeConnection, TlsSettings
-from replicator.dcp.events import (
+from replicator.dcp.protocol.events import (
     DocumentChanges,
     Mutation,
     SnapshotFlags,
@@ -38,8 +36,15 @@ from replicator.dcp.events import (
     StreamEnd,
     StreamEndReason,
 )
-from replicator.dcp.frame import encode_frame
-from replicator.dcp.opcodes import DcpOpenFlags, HelloFeature, Opcode, Status
+from replicator.dcp.protocol.frame import encode_frame
+from replicator.dcp.protocol.opcodes import DcpOpenFlags, HelloFeature, Opcode, Status
+from replicator.dcp.transport.auth import Credentials
+from replicator.dcp.transport.connection import (
+    ConnectionOptions,
+    Delivered,
+    NodeConnection,
+    TlsSettings,
+)
 from replicator.errors import (
     AuthenticationError,
     BucketNotFoundError,

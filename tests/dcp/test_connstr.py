@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from replicator.dcp.connstr import ConnectionString, SeedNode, parse_connection_string
+from replicator.dcp.cluster.connstr import ConnectionString, SeedNode, parse_connection_string
 from replicator.errors import ConfigError
 
 

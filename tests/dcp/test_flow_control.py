@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from replicator.dcp.flow_control import FlowControl
+from replicator.dcp.transport.flow_control import FlowControl
 
 
 def test_nothing_is_acknowledged_on_receipt() -> None:

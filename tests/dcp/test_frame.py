@@ -6,7 +6,7 @@ import struct
 
 import pytest
 
-from replicator.dcp.frame import (
+from replicator.dcp.protocol.frame import (
     DEFAULT_MAX_BODY_SIZE,
     HEADER_SIZE,
     Frame,
@@ -19,7 +19,7 @@ from replicator.dcp.frame import (
     stream_id_frame_info,
     stream_id_of,
 )
-from replicator.dcp.opcodes import Magic
+from replicator.dcp.protocol.opcodes import Magic
 from replicator.errors import ProtocolError
 
 

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from replicator.config import ReplicatorConfig, Secret
-from replicator.dcp.auth import Credentials, SaslMechanism, parse_sasl_mechanism
-from replicator.dcp.connection import ConnectionOptions, NodeConnection, TlsSettings
+from replicator.dcp.transport.auth import Credentials, SaslMechanism, parse_sasl_mechanism
+from replicator.dcp.transport.connection import ConnectionOptions, NodeConnection, TlsSettings
 from replicator.errors import ConfigError
-from replicator.runner import connect_source
+from replicator.pipeline.runner import connect_source
 from replicator.sim.bucket import SimBucket
 from replicator.sim.cluster import SimCluster, server_tls_context
 from replicator.sim.server import ServerOptions

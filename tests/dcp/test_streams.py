@@ -6,11 +6,7 @@ import random
 
 import pytest
 
-from replicator.dcp.codec import Response, encode_failover_log, encode_rollback_seqno
-from replicator.dcp.events import StreamEndReason
-from replicator.dcp.opcodes import Opcode, Status, StreamRequestFlags
-from replicator.dcp.positions import MAX_SEQNO, FailoverLog, VbucketPosition
-from replicator.dcp.streams import (
+from replicator.dcp.cluster.streams import (
     Backoff,
     EndAction,
     OutcomeKind,
@@ -20,7 +16,11 @@ from replicator.dcp.streams import (
     read_stream_response,
     stream_end_action,
 )
+from replicator.dcp.protocol.codec import Response, encode_failover_log, encode_rollback_seqno
+from replicator.dcp.protocol.events import StreamEndReason
+from replicator.dcp.protocol.opcodes import Opcode, Status, StreamRequestFlags
 from replicator.errors import ConfigError, ProtocolError
+from replicator.model.positions import MAX_SEQNO, FailoverLog, VbucketPosition
 
 LOG = FailoverLog.of([(0xCC, 200), (0xBB, 100), (0xAA, 0)])
 

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from replicator.dcp.opcodes import Datatype
-from replicator.dcp.values import (
+from replicator.dcp.protocol.opcodes import Datatype
+from replicator.dcp.protocol.values import (
     MAX_COLLECTION_ID,
     DocumentValue,
     compress_value,

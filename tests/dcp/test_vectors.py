@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from replicator.dcp.codec import (
+from replicator.dcp.protocol.codec import (
     ConnectionFeatures,
     Response,
     decode_dcp_message,
@@ -16,11 +16,11 @@ from replicator.dcp.codec import (
     not_my_vbucket_config_of,
     vbucket_seqnos_of,
 )
-from replicator.dcp.events import Mutation, SnapshotFlags, SnapshotMarker, SystemEvent
-from replicator.dcp.events import SystemEventType as Ev
-from replicator.dcp.frame import Frame, FrameReader, parse_frame
-from replicator.dcp.opcodes import Magic, Opcode, Status
-from replicator.dcp.values import decode_xattrs, encode_xattrs
+from replicator.dcp.protocol.events import Mutation, SnapshotFlags, SnapshotMarker, SystemEvent
+from replicator.dcp.protocol.events import SystemEventType as Ev
+from replicator.dcp.protocol.frame import Frame, FrameReader, parse_frame
+from replicator.dcp.protocol.opcodes import Magic, Opcode, Status
+from replicator.dcp.protocol.values import decode_xattrs, encode_xattrs
 from replicator.errors import ProtocolError
 from tests.golden_vectors import GOMEMCACHED, VECTORS, gomemcached_event_wire, requires_vectors
 

@@ -12,13 +12,13 @@ import pyarrow.parquet as pq
 import pytest
 from chispa import assert_df_equality
 
-from replicator.dcp.positions import VbucketPosition
 from replicator.delta.checkpoints import CheckpointsTable
 from replicator.delta.executor import CommitExecutor, CommitFailed, WriteStrategy
 from replicator.delta.ownership import OwnerClaim, OwnersTable
 from replicator.delta.schema import txn_version
 from replicator.delta.table import MirrorTable
 from replicator.errors import OwnershipConflict
+from replicator.model.positions import VbucketPosition
 from tests.delta.helpers import (
     UUID,
     batch,

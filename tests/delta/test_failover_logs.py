@@ -7,9 +7,9 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from replicator.dcp.positions import FailoverLog
 from replicator.delta.failover_logs import FailoverLogsTable
 from replicator.delta.schema import FAILOVER_LOG_SCHEMA
+from replicator.model.positions import FailoverLog
 
 
 def test_the_newest_save_of_each_vbucket_wins_and_one_append_is_one_commit(

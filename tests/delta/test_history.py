@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from replicator.audit_cli import add_audit_arguments, run_audit
+from replicator.cli.audit import add_audit_arguments, run_audit
 from replicator.delta.executor import CommitExecutor
 from replicator.delta.history import HistoryTable
 from replicator.delta.ownership import OwnersTable
@@ -110,7 +110,7 @@ def test_a_rollback_is_marked_and_the_discarded_revisions_kept(
 ) -> None:
     from pyspark.sql import functions as F
 
-    from replicator.dcp.positions import VbucketPosition
+    from replicator.model.positions import VbucketPosition
 
     executor = executor_of(mirror)
     executor.execute(batch(1, dataclasses.replace(

@@ -6,7 +6,6 @@ from collections.abc import Callable
 
 import pytest
 
-from replicator.dcp.positions import FailoverLog, VbucketPosition
 from replicator.delta.checkpoints import CheckpointsTable
 from replicator.delta.executor import FAULT_STEPS, CommitExecutor
 from replicator.delta.failover_logs import FailoverLogsTable
@@ -14,6 +13,7 @@ from replicator.delta.ownership import OwnersTable
 from replicator.delta.recovery import recover, repair_checkpoints
 from replicator.delta.rollback import plan_rollback, rollback_vbucket
 from replicator.delta.table import MirrorTable
+from replicator.model.positions import FailoverLog, VbucketPosition
 from tests.delta.helpers import (
     UUID,
     batch,

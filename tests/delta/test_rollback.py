@@ -9,7 +9,6 @@ from typing import Any
 import pytest
 from chispa import assert_df_equality
 
-from replicator.dcp.positions import FailoverLog, VbucketPosition
 from replicator.delta.checkpoints import CheckpointsTable
 from replicator.delta.executor import CommitExecutor, WriteStrategy
 from replicator.delta.failover_logs import FailoverLogsTable
@@ -22,6 +21,7 @@ from replicator.delta.rollback import (
 )
 from replicator.delta.schema import MirrorConfig
 from replicator.delta.table import MirrorTable, open_or_create
+from replicator.model.positions import FailoverLog, VbucketPosition
 from tests.delta.helpers import (
     UUID,
     batch,

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from replicator.dcp.positions import VbucketPosition
 from replicator.delta.checkpoints import Checkpoint
 from replicator.delta.rollback import live_boundaries, plan_rollback, readable_horizon
 from replicator.delta.schema import COMMIT, RESYNC, ROLLBACK
+from replicator.model.positions import VbucketPosition
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 

@@ -16,7 +16,6 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from replicator.dcp.positions import VbucketPosition
 from replicator.delta.ownership import stable_owner_id
 from replicator.delta.schema import (
     CHANGE_SCHEMA,
@@ -28,7 +27,8 @@ from replicator.delta.schema import (
     txn_version,
     vbucket_group_width,
 )
-from replicator.snapshots.rows import CHANGE_SCHEMA as ARROW_CHANGE_SCHEMA
+from replicator.model.positions import VbucketPosition
+from replicator.staging.rows import CHANGE_SCHEMA as ARROW_CHANGE_SCHEMA
 
 _SPARK_TYPE_OF_ARROW = {
     pa.int32(): IntegerType(),

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from replicator.cli import main
+from replicator.cli.main import main
 
 
 def _main(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from scramp import ScramClient
 
-from replicator.dcp.codec import (
+from replicator.dcp.protocol.codec import (
     BufferAck,
     ClientRequest,
     ClustermapChangeNotification,
@@ -44,9 +44,9 @@ from replicator.dcp.codec import (
     encode_response,
     hello_features_of,
 )
-from replicator.dcp.events import StreamEnd
-from replicator.dcp.frame import Frame, FrameReader, encode_frame
-from replicator.dcp.opcodes import (
+from replicator.dcp.protocol.events import StreamEnd
+from replicator.dcp.protocol.frame import Frame, FrameReader, encode_frame
+from replicator.dcp.protocol.opcodes import (
     Datatype,
     DcpOpenFlags,
     HelloFeature,
@@ -55,7 +55,7 @@ from replicator.dcp.opcodes import (
     Status,
     StreamRequestFlags,
 )
-from replicator.dcp.positions import MAX_SEQNO
+from replicator.model.positions import MAX_SEQNO
 from replicator.sim.bucket import SimBucket
 from replicator.sim.cluster import SimCluster
 from replicator.sim.server import ServerOptions

@@ -9,7 +9,7 @@ import threading
 import pytest
 
 import replicator.sim.bucket as bucket_module
-from replicator.dcp.events import (
+from replicator.dcp.protocol.events import (
     Deletion,
     Expiration,
     Mutation,

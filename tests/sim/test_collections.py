@@ -8,7 +8,7 @@ import json
 import pytest
 
 import replicator.sim.collections as collections_module
-from replicator.dcp.events import SystemEventType
+from replicator.dcp.protocol.events import SystemEventType
 from replicator.sim.collections import (
     FIRST_USER_ID,
     CollectionsManifest,

@@ -14,7 +14,7 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 import replicator.sim.failover_table as failover_table_module
-from replicator.dcp.positions import MAX_SEQNO, FailoverEntry
+from replicator.model.positions import MAX_SEQNO, FailoverEntry
 from replicator.sim.failover_table import (
     FailoverTable,
     StreamAccepted,

@@ -14,10 +14,10 @@ from typing import TypeVar
 
 import pytest
 
-from replicator.dcp.codec import ConnectionFeatures, decode_dcp_message
-from replicator.dcp.events import Mutation, SnapshotFlags, SnapshotMarker, SystemEvent
-from replicator.dcp.frame import HEADER_SIZE, Frame, parse_frame
-from replicator.dcp.opcodes import Magic
+from replicator.dcp.protocol.codec import ConnectionFeatures, decode_dcp_message
+from replicator.dcp.protocol.events import Mutation, SnapshotFlags, SnapshotMarker, SystemEvent
+from replicator.dcp.protocol.frame import HEADER_SIZE, Frame, parse_frame
+from replicator.dcp.protocol.opcodes import Magic
 from replicator.sim.dcp_controls import MarkerVersion
 from replicator.sim.producer_stream import ProducerStream, StreamEncoding, StreamFilter
 from replicator.sim.vbucket import HistoryItem, ServedSnapshot

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from replicator.dcp.codec import ServerMessage
-from replicator.dcp.events import (
+from replicator.dcp.protocol.codec import ServerMessage
+from replicator.dcp.protocol.events import (
     Deletion,
     Expiration,
     Mutation,
@@ -19,7 +19,7 @@ from replicator.dcp.events import (
     StreamEnd,
     StreamEndReason,
 )
-from replicator.dcp.opcodes import HelloFeature, Status
+from replicator.dcp.protocol.opcodes import HelloFeature, Status
 from replicator.sim.bucket import SimBucket, Upsert
 from replicator.sim.vbucket import history_item_size
 from tests.sim.raw_client import DEFAULT_FEATURES, RawClient, fast_options, producer, serve

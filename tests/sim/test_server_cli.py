@@ -13,11 +13,11 @@ from contextlib import contextmanager
 from functools import partial
 from typing import TypeVar
 
-from replicator.dcp.auth import Credentials
-from replicator.dcp.client import DcpClient
-from replicator.dcp.connstr import parse_connection_string
-from replicator.dcp.events import RollbackRequired, StreamEndReason
-from replicator.dcp.opcodes import Status
+from replicator.dcp.cluster.client import DcpClient
+from replicator.dcp.cluster.connstr import parse_connection_string
+from replicator.dcp.protocol.events import RollbackRequired, StreamEndReason
+from replicator.dcp.protocol.opcodes import Status
+from replicator.dcp.transport.auth import Credentials
 from replicator.errors import ConnectionLostError, NodeUnreachableError
 from replicator.sim.cli import PASSWORD_ENV, add_sim_arguments, sim_password
 from replicator.sim.cluster import DEFAULT_PASSWORD, DEFAULT_USERNAME

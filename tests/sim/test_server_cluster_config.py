@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from replicator.dcp.opcodes import Status
+from replicator.dcp.protocol.opcodes import Status
 from replicator.sim.bucket import SimBucket
 from replicator.sim.cluster_config import (
     BucketTopology,

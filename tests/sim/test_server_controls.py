@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from replicator.dcp.opcodes import Status
+from replicator.dcp.protocol.opcodes import Status
 from replicator.sim.dcp_controls import (
     ConnectionTraits,
     MarkerVersion,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 import time
 
-from replicator.dcp.codec import ServerMessage
-from replicator.dcp.events import (
+from replicator.dcp.protocol.codec import ServerMessage
+from replicator.dcp.protocol.events import (
     Deletion,
     Expiration,
     Mutation,
@@ -16,13 +16,13 @@ from replicator.dcp.events import (
     SystemEvent,
     SystemEventType,
 )
-from replicator.dcp.opcodes import (
+from replicator.dcp.protocol.opcodes import (
     Datatype,
     DcpOpenFlags,
     HelloFeature,
     Status,
 )
-from replicator.dcp.values import encode_leb128
+from replicator.dcp.protocol.values import encode_leb128
 from replicator.sim.bucket import SimBucket
 from tests.sim.raw_client import DEFAULT_FEATURES, PRODUCER_FLAGS, RawClient, producer, serve
 

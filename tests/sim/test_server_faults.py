@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from replicator.dcp.codec import (
+from replicator.dcp.protocol.codec import (
     ConnectionFeatures,
     decode_dcp_message,
     decode_server_frame,
@@ -15,9 +15,9 @@ from replicator.dcp.codec import (
     failover_log_of,
     rollback_seqno_of,
 )
-from replicator.dcp.events import Mutation, StreamEnd, StreamEndReason
-from replicator.dcp.frame import FrameReader
-from replicator.dcp.opcodes import HelloFeature, Status
+from replicator.dcp.protocol.events import Mutation, StreamEnd, StreamEndReason
+from replicator.dcp.protocol.frame import FrameReader
+from replicator.dcp.protocol.opcodes import HelloFeature, Status
 from replicator.errors import ProtocolError
 from replicator.sim.bucket import SimBucket, Upsert
 from replicator.sim.faults import MalformedFrame

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import time
 
-from replicator.dcp.events import Mutation, StreamEnd
-from replicator.dcp.opcodes import Status
+from replicator.dcp.protocol.events import Mutation, StreamEnd
+from replicator.dcp.protocol.opcodes import Status
 from replicator.sim.bucket import SimBucket, Upsert
 from tests.sim.raw_client import RawClient, Received, producer, serve
 

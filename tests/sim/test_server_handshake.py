@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from replicator.dcp.codec import (
+from replicator.dcp.protocol.codec import (
     DcpOpen,
     GetAllVbSeqnos,
     GetCollectionsManifest,
@@ -20,8 +20,8 @@ from replicator.dcp.codec import (
     sasl_mechanisms_of,
     vbucket_seqnos_of,
 )
-from replicator.dcp.frame import encode_frame
-from replicator.dcp.opcodes import (
+from replicator.dcp.protocol.frame import encode_frame
+from replicator.dcp.protocol.opcodes import (
     DcpOpenFlags,
     HelloFeature,
     Magic,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from scramp import ScramClient
 
-from replicator.dcp.opcodes import Status
+from replicator.dcp.protocol.opcodes import Status
 from replicator.sim.bucket import SimBucket
 from replicator.sim.sasl_server import CredentialStore, SaslExchange
 from replicator.sim.server import ServerOptions

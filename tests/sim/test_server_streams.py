@@ -7,13 +7,13 @@ import struct
 
 import pytest
 
-from replicator.dcp.codec import (
+from replicator.dcp.protocol.codec import (
     CloseStream,
     GetFailoverLog,
     failover_log_of,
     rollback_seqno_of,
 )
-from replicator.dcp.events import (
+from replicator.dcp.protocol.events import (
     Deletion,
     Mutation,
     SeqnoAdvanced,
@@ -24,8 +24,8 @@ from replicator.dcp.events import (
     SystemEvent,
     SystemEventType,
 )
-from replicator.dcp.frame import encode_frame
-from replicator.dcp.opcodes import Magic, Status, StreamRequestFlags
+from replicator.dcp.protocol.frame import encode_frame
+from replicator.dcp.protocol.opcodes import Magic, Status, StreamRequestFlags
 from replicator.sim.bucket import Delete, SimBucket, Upsert
 from tests.sim.raw_client import RawClient, producer, serve
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from replicator.dcp.events import (
+from replicator.dcp.protocol.events import (
     Deletion,
     Expiration,
     Mutation,

@@ -10,7 +10,7 @@ import time
 import pytest
 
 import replicator.sim.workload as workload_module
-from replicator.dcp.events import SnapshotFlags
+from replicator.dcp.protocol.events import SnapshotFlags
 from replicator.sim.bucket import Delete, SimBucket, Touch, Upsert
 from replicator.sim.vbucket import ServedSnapshot
 from replicator.sim.workload import (

@@ -1,0 +1,569 @@
+"""`replicator run`: validate, connect, open the mirror, claim the vbuckets, replicate.
+
+Validation runs cheapest first so that a user's mistake fails in seconds with one line: config
+values, Delta jars, then the source (reachable, credentials, bucket, TLS), then the target (a
+mirror of this bucket, writable), then ownership of the vbuckets.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from contextlib import ExitStack
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlparse
+
+from replicator.config import ReplicatorConfig
+from replicator.dcp.cluster.client import ClientOptions, DcpClient
+from replicator.dcp.cluster.connstr import ConnectionString
+from replicator.dcp.transport.auth import Credentials, parse_sasl_mechanism
+from replicator.dcp.transport.connection import ConnectionOptions, TlsSettings
+from replicator.errors import ConfigError, UnsupportedCommandError
+from replicator.model.positions import FailoverLog, VbucketPosition
+from replicator.pipeline.progress import ProgressReporter
+from replicator.pipeline.replication import (
+    RecoveredMirror,
+    Replication,
+    ReplicationSummary,
+    RollbackOutcome,
+    stop_on_signals,
+)
+from replicator.planning.planner import CommitBatch, CommitThresholds, without_vbucket
+from replicator.staging.rows import (
+    ChangeRowConverter,
+    CollectionRegistry,
+    collections_with_history,
+)
+from replicator.staging.stager import Stager, StreamStager
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from replicator.delta.compaction import Compactor
+    from replicator.delta.executor import CommitExecutor
+    from replicator.delta.ownership import OwnerClaim, OwnersTable
+    from replicator.delta.table import MirrorTable
+
+log = logging.getLogger(__name__)
+
+FaultHook = Callable[[str], None]
+
+
+class DeltaMirrorStore:
+    """The driver's view of the Delta layer: recover, commit, roll back, heartbeat.
+
+    Owns the batch counter: group commits, rollbacks and resyncs each take the next id, which
+    is the Delta txnVersion of their commits, so it only ever grows. After a group commit it
+    compacts the owner's partitions when due (`compactor`), on the same thread, so compaction
+    never races its own MERGEs.
+    """
+
+    def __init__(
+        self,
+        executor: CommitExecutor,
+        owners: OwnersTable,
+        claim: OwnerClaim,
+        *,
+        compactor: Compactor | None = None,
+    ) -> None:
+        self._executor = executor
+        self._owners = owners
+        self._claim = claim
+        self._compactor = compactor
+        self.next_batch_id = 1
+        self._resync_reasons: dict[int, str] = {}
+        """Why each vbucket awaiting a full resync needs it: recorded with its REPLACE commit."""
+
+    @property
+    def mirror(self) -> MirrorTable:
+        return self._executor.mirror
+
+    def recover(self, vbuckets: tuple[int, ...]) -> RecoveredMirror:
+        from replicator.delta.recovery import recover
+
+        state = recover(self.mirror, owner_id=self._claim.owner_id, vbuckets=vbuckets)
+        if state.repaired_versions:
+            log.info("repaired checkpoints of table versions %s from the table history",
+                     list(state.repaired_versions))
+        self.next_batch_id = state.next_batch_id
+        self._executor.new_batches_from = state.next_batch_id
+        if self._executor.history is not None:
+            # Rows of batches that never committed; their ids are used again from here.
+            self._executor.history.forget_uncommitted(self._claim.owner_id, state.next_batch_id)
+        return RecoveredMirror(state.positions, state.failover_logs, state.next_batch_id)
+
+    def save_failover_logs(self, logs: Mapping[int, FailoverLog]) -> None:
+        from replicator.delta.failover_logs import FailoverLogsTable
+
+        FailoverLogsTable.of(self.mirror).save(logs)
+
+    def commit(self, batch: CommitBatch, *, replace: frozenset[int]) -> int:
+        """Commit a planned batch; vbuckets in `replace` (resyncs) replace all their rows."""
+        from replicator.delta.rollback import replace_vbucket
+
+        steady = batch
+        for vbucket in sorted(replace & set(batch.vbuckets)):
+            steady = without_vbucket(steady, vbucket)
+        if not steady.is_empty:
+            self._executor.execute(dataclasses.replace(steady, batch_id=self.next_batch_id))
+            self.next_batch_id += 1
+        for vbucket in sorted(replace & set(batch.vbuckets)):
+            replace_vbucket(
+                self._executor, batch.commit_for(vbucket), batch_id=self.next_batch_id,
+                reason=self._resync_reasons.pop(vbucket, "full resync"),
+            )
+            self.next_batch_id += 1
+        if self._compactor is not None:
+            if all(commit.first_load for commit in batch.commits):
+                self._compactor.note_appended()  # appends write healthy files
+            else:
+                self._compactor.compact_if_due()
+        return self.next_batch_id
+
+    def rollback(
+        self,
+        vbucket: int,
+        rollback_seqno: int,
+        *,
+        committed: VbucketPosition,
+        failover_log: FailoverLog | None,
+        reason: str,
+    ) -> RollbackOutcome:
+        from replicator.delta.rollback import plan_rollback, rollback_vbucket, time_travel_horizon
+
+        if failover_log is None:
+            raise ConfigError(f"vbucket {vbucket}: a rollback needs the producer's failover log")
+        self._executor.flush_checkpoints()  # the plan reads them
+        if committed.seqno <= rollback_seqno and rollback_seqno > 0:
+            # Nothing committed above the rollback point: the mirror already stands there.
+            position = VbucketPosition.at_boundary(
+                vbucket, failover_log.entry_at(committed.seqno).vbucket_uuid, committed.seqno,
+                purge_seqno=committed.purge_seqno, manifest_uid=committed.manifest_uid,
+            )
+            return RollbackOutcome(vbucket, position, full_resync=False, table_version=None)
+        checkpoints = self._executor.checkpoints.for_vbucket(vbucket)
+        plan = plan_rollback(
+            checkpoints, vbucket, rollback_seqno, time_travel_horizon(self.mirror)
+        )
+        outcome = rollback_vbucket(
+            self._executor, plan, batch_id=self.next_batch_id, failover_log=failover_log,
+            reason=reason,
+        )
+        if outcome.commit is not None:
+            self.next_batch_id += 1
+            return RollbackOutcome(
+                vbucket, outcome.position, full_resync=False,
+                table_version=outcome.commit.table_version,
+            )
+        self._resync_reasons[vbucket] = f"{reason}; {outcome.reason}"
+        log.warning("vbucket %d: %s", vbucket, self._resync_reasons[vbucket])
+        return RollbackOutcome(vbucket, outcome.position, full_resync=True, table_version=None)
+
+    def heartbeat(self) -> None:
+        """Renew the claim, and write the checkpoints queued since the last flush."""
+        self._executor.flush_checkpoints()
+        self._owners.heartbeat(self._claim)
+
+    def release(self) -> None:
+        try:
+            self._executor.flush_checkpoints()
+        finally:
+            self._owners.release(self._claim)
+
+
+def client_options(config: ReplicatorConfig, *, tls: bool) -> ClientOptions:
+    return ClientOptions(
+        connection=ConnectionOptions(
+            flow_control_window=config.flow_control_window_kb * 1024,
+            noop_interval=config.noop_interval_s,
+            allow_plain_over_tcp=config.allow_plain_over_tcp,
+            sasl_mechanism=(
+                parse_sasl_mechanism(config.sasl_mechanism) if config.sasl_mechanism else None
+            ),
+            tls=TlsSettings(ca_file=config.tls_ca or None) if tls else TlsSettings(),
+            change_streams=config.history,
+        )
+    )
+
+
+def connect_source(config: ReplicatorConfig, *, committed_position: Any = None) -> DcpClient:
+    """Bootstrap the DCP client; the errors name the node and what is wrong."""
+    connection_string = ConnectionString.parse(config.source)
+    credentials = Credentials(config.username, config.resolved_password().value)
+    return DcpClient(
+        connection_string, credentials,
+        options=client_options(config, tls=connection_string.tls),
+        committed_position=committed_position,
+    )
+
+
+def staging_root(config: ReplicatorConfig) -> str:
+    """Where spill files go: `staging_dir`, else beside the table so executors can read them.
+
+    ConfigError for a target on an object store without a staging dir: spill files are
+    written with the driver's own filesystem calls, not Hadoop's.
+    """
+    if config.staging_dir:
+        return str(Path(config.staging_dir))
+    scheme = urlparse(config.target).scheme
+    if scheme not in ("", "file"):
+        raise ConfigError(
+            f"the target {config.target} is on {scheme}://, where spill files cannot be "
+            "written directly: set staging_dir (--staging-dir) to a directory on storage "
+            "every executor can read, such as a shared mount"
+        )
+    return f"{config.target.removeprefix('file://').rstrip('/')}/_replicator/staging"
+
+
+def staging_dir_for(config: ReplicatorConfig, owner_id: str) -> str:
+    """One owner's spill directory under staging_root (shards never share one)."""
+    return f"{staging_root(config)}/{owner_id}"
+
+
+CHECKPOINT_EVERY = 16
+"""Data commits whose checkpoint rows share one checkpoints commit (heartbeats, rollbacks and
+the end of a run write what is queued sooner). Recovery rebuilds the rows of a crashed run from
+the data commits' metadata, so queueing loses nothing."""
+
+STOP_GRACE_S = 60.0
+"""How long leaving a BackgroundRun's block waits for the stopped run to end (it commits what is
+complete first)."""
+
+
+class BackgroundRun:
+    """`run_replication` on a thread of its own, for callers that act while it runs.
+
+    The demo, the steady-state benchmark and the tests' fault injection all do. `stop` ends
+    a continuous run (complete snapshots still commit); `replication` is there once started.
+    """
+
+    def __init__(
+        self,
+        config: ReplicatorConfig,
+        *,
+        spark: SparkSession | None = None,
+        fault_hook: FaultHook | None = None,
+        on_started: Callable[[Replication], None] | None = None,
+        name: str = "replication",
+    ) -> None:
+        self.stop = threading.Event()
+        self._started = threading.Event()
+        self._done = threading.Event()
+        self._replication: Replication | None = None
+        self._summary: ReplicationSummary | None = None
+        self._error: BaseException | None = None
+
+        def started(replication: Replication) -> None:
+            if on_started is not None:
+                on_started(replication)
+            self._replication = replication
+            self._started.set()
+
+        def run() -> None:
+            try:
+                self._summary = run_replication(
+                    config, spark=spark, stop=self.stop, fault_hook=fault_hook,
+                    on_started=started,
+                )
+            except BaseException as exc:  # handed to the caller by result()
+                self._error = exc
+            finally:
+                self._started.set()
+                self._done.set()
+
+        self._thread = threading.Thread(target=run, name=name, daemon=True)
+        self._thread.start()
+
+    def __enter__(self) -> BackgroundRun:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        # A run must not outlive its caller's block (nor the producer the block started).
+        self.stop.set()
+        self.wait(STOP_GRACE_S)
+
+    @property
+    def done(self) -> bool:
+        """The run ended (caught up, stopped or failed)."""
+        return self._done.is_set()
+
+    def wait_started(self, timeout: float) -> Replication:
+        """The running replication; the run's failure, or TimeoutError, if it never started."""
+        if not self._started.wait(timeout):
+            raise TimeoutError(f"the replication did not start within {timeout:g} s")
+        if self._replication is None:
+            self.result()  # it ended before starting: raise why
+            raise RuntimeError("the replication ended before it started")
+        return self._replication
+
+    @property
+    def replication(self) -> Replication:
+        """The running replication (RuntimeError before it started)."""
+        if self._replication is None:
+            raise RuntimeError("the replication has not started")
+        return self._replication
+
+    def wait(self, timeout: float) -> bool:
+        """Wait for the run to end; False if it is still running after `timeout` seconds."""
+        return self._done.wait(timeout)
+
+    def wait_for(self, condition: Callable[[], bool], *, timeout: float) -> bool:
+        """Wait until `condition()` holds while the run goes on; False after `timeout` seconds.
+
+        Raises the run's failure, or RuntimeError, if it ended before the condition held.
+        """
+        deadline = time.monotonic() + timeout
+        while not condition():
+            if self.done:
+                self.result()  # raises what ended it
+                raise RuntimeError("the replication ended before the awaited condition held")
+            if time.monotonic() > deadline:
+                return False
+            self.wait(0.05)
+        return True
+
+    def catch_up(self, targets: Mapping[int, int], *, timeout: float) -> ReplicationSummary:
+        """Have the run stop once every vbucket committed its seqno in `targets`; its summary.
+
+        TimeoutError if it has not ended within `timeout` seconds; the run's own failure if it
+        failed.
+        """
+        self.replication.request_catch_up(targets)
+        if not self.wait(timeout):
+            raise TimeoutError(f"the replication did not catch up within {timeout:g} s")
+        return self.result()
+
+    def result(self) -> ReplicationSummary:
+        """The summary of the ended run, or the exception it ended with."""
+        if not self._done.is_set():
+            raise RuntimeError("the replication is still running")
+        if self._error is not None:
+            raise self._error
+        assert self._summary is not None
+        return self._summary
+
+
+def run_replication(
+    config: ReplicatorConfig,
+    *,
+    spark: SparkSession | None = None,
+    stop: threading.Event | None = None,
+    fault_hook: FaultHook | None = None,
+    on_started: Callable[[Replication], None] | None = None,
+) -> ReplicationSummary:
+    """Replicate `config.source` into `config.target` until stopped or caught up.
+
+    `fault_hook` (tests) is called with the executor's commit steps and the stager's spill
+    steps (FAULT_STEPS, SPILL_FAULT_STEPS); an exception it raises acts as a fault there.
+    """
+    from replicator.delta.compaction import Compactor
+    from replicator.delta.executor import CommitExecutor
+    from replicator.delta.history import HistoryTable
+    from replicator.delta.ownership import OwnersTable
+    from replicator.delta.schema import MirrorConfig
+    from replicator.delta.table import open_or_create
+    from replicator.runtime.jars import locate_delta_jars
+    from replicator.runtime.spark import build_session
+
+    config.require_source_and_target()
+    config.resolved_password()
+    staging_root(config)  # fails early when spill files would have nowhere to go
+    if spark is None:
+        locate_delta_jars()
+    stop = stop or threading.Event()
+    holder: dict[str, Replication] = {}
+
+    def committed_position(vb: int) -> tuple[VbucketPosition, FailoverLog | None]:
+        return holder["replication"].committed_position(vb)
+
+    # Installed before start-up: a SIGTERM while the session starts or the vbuckets are being
+    # claimed stops the run as soon as it is up (nothing committed, its claim released), where
+    # Python's default action would end it mid-claim.
+    with stop_on_signals(stop), ExitStack() as cleanup:
+        client = connect_source(config, committed_position=committed_position)
+        cleanup.callback(client.close)
+        vbuckets = config.vbuckets.resolve(client.cluster_map.num_vbuckets)
+        source = check_source(client, config, vbuckets)
+        session = spark or build_session("replicator")
+        mirror = open_or_create(
+            session, config.target,
+            MirrorConfig(
+                client.bucket,
+                deleted_file_retention=_interval(config.deleted_file_retention),
+                log_retention=_interval(config.log_retention),
+                num_vbuckets=client.cluster_map.num_vbuckets,
+            ),
+        )
+        owners = OwnersTable.of(mirror)
+        claim = owners.claim(vbuckets)
+        history = None
+        if source.history:
+            history = HistoryTable.of(mirror)
+            history.ensure(mirror.config)
+        executor = CommitExecutor(
+            mirror, claim, owners, fault_hook=fault_hook, checkpoint_every=CHECKPOINT_EVERY,
+            history=history,
+        )
+        store = DeltaMirrorStore(
+            executor, owners, claim, compactor=Compactor(mirror, claim.vbuckets)
+        )
+        cleanup.callback(_release_quietly, store)
+
+        registry = CollectionRegistry.from_manifest(source.manifest)
+        stager = Stager(
+            staging_dir_for(config, claim.owner_id),
+            memory_budget_bytes=config.memory_budget_mb * 1024 * 1024,
+            fault_hook=fault_hook,
+        )
+        cleanup.callback(stager.close)
+        replication = Replication(
+            source=client,
+            store=store,
+            stream_stager=StreamStager(stager, ChangeRowConverter(registry)),
+            vbuckets=vbuckets,
+            thresholds=CommitThresholds(
+                max_rows=config.commit_max_rows, max_delay_seconds=config.commit_interval_s
+            ),
+            targets=source.targets,
+            source_highs=source.highs,
+            progress=ProgressReporter(config.progress, interval_s=config.status_interval_s),
+            source_check_interval_s=config.source_check_interval_s,
+        )
+        holder["replication"] = replication
+        _follow_with_metrics(config, replication, client, executor, stager, cleanup)
+        if on_started is not None:
+            on_started(replication)
+        log.info("replicating %d vbuckets of %s into %s", len(vbuckets), client.bucket,
+                 config.target)
+        summary = replication.run(stop)
+    return summary
+
+
+def _follow_with_metrics(
+    config: ReplicatorConfig,
+    replication: Replication,
+    client: DcpClient,
+    executor: CommitExecutor,
+    stager: Stager,
+    cleanup: ExitStack,
+) -> None:
+    """Serve and/or log the run's metrics, as `config` asks (nothing when it does not)."""
+    if not config.metrics_port and not config.metrics_log_s:
+        return
+    from replicator.pipeline.metrics import MetricsSources, ReplicationMetrics
+
+    metrics = ReplicationMetrics(log_every_s=config.metrics_log_s or None)
+    metrics.attach(replication, MetricsSources(
+        reconnects=lambda: client.reconnects,
+        conflicts_retried=lambda: executor.conflicts_retried,
+        staged_bytes=lambda: stager.buffered_bytes,
+        spilled_bytes_total=lambda: stager.spilled_bytes_total,
+    ))  # fmt: skip
+    if config.metrics_port:
+        metrics.serve(config.metrics_port, config.metrics_host)
+        cleanup.callback(metrics.close)
+
+
+@dataclass(frozen=True, slots=True)
+class SourceCheck:
+    """What a run learnt of the source before starting Spark."""
+
+    manifest: dict[str, object]
+    highs: dict[int, int] | None
+    """Each active vbucket's high seqno; None when the source cannot tell them."""
+    targets: dict[int, int] | None
+    """With --until-caught-up, the high seqno each vbucket must reach."""
+    history: bool = False
+    """`history` was asked for and the producer streams history snapshots."""
+
+
+def check_source(
+    client: DcpClient, config: ReplicatorConfig, vbuckets: tuple[int, ...]
+) -> SourceCheck:
+    """Ask the source for everything the run needs before anything expensive starts (Spark,
+    the table, the claim); a refusal is one line naming the node, the command and what to do.
+
+    The DCP controls were already negotiated when the client connected."""
+    try:
+        manifest = client.collections_manifest()
+    except UnsupportedCommandError as exc:
+        raise UnsupportedCommandError(
+            exc.node,
+            f"{_detail(exc)}; the replicator needs the collections manifest to name each row's "
+            "collection: use Couchbase Server 7.0 or later, or a proxy that forwards it",
+            command=exc.command,
+        ) from None
+    highs: dict[int, int] | None = None
+    try:
+        highs = client.high_seqnos()
+    except UnsupportedCommandError as exc:
+        if config.until_caught_up:
+            raise UnsupportedCommandError(
+                exc.node,
+                f"{_detail(exc)}; --until-caught-up needs them to know where to stop: run "
+                "without it (a continuous run, stopped with Ctrl-C or SIGTERM), or against a "
+                "server that supports the command",
+                command=exc.command,
+            ) from None
+        # A continuous run goes on without them; the replication says the lag is unknown.
+    targets = (
+        {vb: highs.get(vb, 0) for vb in vbuckets}
+        if config.until_caught_up and highs is not None else None
+    )
+    return SourceCheck(manifest, highs, targets, history=config.history and _history_ready(
+        client, manifest
+    ))
+
+
+def _history_ready(client: DcpClient, manifest: Mapping[str, object]) -> bool:
+    """Whether `history` can record anything; says clearly why not (the mirror runs anyway)."""
+    if not client.change_streams():
+        log.warning(
+            "history: the producer of bucket %s refused change streams (Couchbase Server before "
+            "7.2 has none): no history is recorded, the mirror is replicated as usual",
+            client.bucket,
+        )
+        return False
+    with_history = collections_with_history(manifest)
+    if not with_history:
+        log.warning(
+            "history: no collection of bucket %s keeps history (history retention is off, or "
+            "no collection has history enabled): the history table gets revisions only once "
+            "one does",
+            client.bucket,
+        )
+    else:
+        log.info("history: recording every revision of %s", ", ".join(with_history))
+    return True
+
+
+def _detail(error: UnsupportedCommandError) -> str:
+    """The error's text without its node prefix (the wrapping error names the node again)."""
+    return str(error).removeprefix(f"{error.node}: ")
+
+
+def _release_quietly(store: DeltaMirrorStore) -> None:
+    try:
+        store.release()
+    except Exception as exc:  # the lease expires anyway; a failed release must not mask errors
+        log.warning("could not release the vbucket claim: %s", exc)
+
+
+def _interval(text: str) -> timedelta:
+    """`interval 7 days` / `7 days` / `3600 seconds` -> timedelta (Delta's interval syntax)."""
+    words = text.lower().replace("interval", "").split()
+    units = {"second": 1, "minute": 60, "hour": 3600, "day": 86400, "week": 604800}
+    try:
+        amount = float(words[0])
+        unit = words[1].rstrip("s")
+        return timedelta(seconds=amount * units[unit])
+    except (IndexError, ValueError, KeyError):
+        raise ConfigError(
+            f"invalid retention {text!r}: use e.g. 'interval 7 days' or '12 hours'"
+        ) from None

@@ -1,1 +1,0 @@
-"""Snapshot assembly and staging: typed events in, complete snapshots out, bounded memory."""
