@@ -1,5 +1,8 @@
 """The simulated Couchbase bucket: vbuckets and collections behind the API tests drive.
 
+Slightly over 500 lines on purpose: it is the one `SimBucket` API, with the op and record types
+its methods take and return; its methods are short delegations that splitting would scatter.
+
 Tests write documents, change collections, fail vbuckets over, purge tombstones and run the
 expiry pager; the embedded DCP server serves the same bucket through `StreamCursor`s. One lock
 (a `threading.Condition`) guards it all; the server waits on it, or registers a listener that
@@ -38,15 +41,9 @@ from replicator.sim.collections import (
     ManifestChange,
     split_collection_path,
 )
+from replicator.sim.history_items import DocumentItem, DocumentWrite, HistoryItem, WriteKind
 from replicator.sim.vbmap import vbucket_for_key
-from replicator.sim.vbucket import (
-    DEFAULT_CHECKPOINT_MAX_ITEMS,
-    DocumentItem,
-    DocumentWrite,
-    HistoryItem,
-    VBucket,
-    WriteKind,
-)
+from replicator.sim.vbucket import DEFAULT_CHECKPOINT_MAX_ITEMS, VBucket
 
 DocumentValue = bytes | str | Mapping[str, object]
 """A document body: bytes as they are, str as UTF-8, a mapping as compact JSON."""

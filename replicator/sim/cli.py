@@ -28,9 +28,9 @@ from replicator.sim.cluster import (
     server_tls_context,
 )
 from replicator.sim.faults import MalformedFrame
+from replicator.sim.history_items import DocumentNotFoundError
 from replicator.sim.sasl_server import MECHANISMS, check_mechanisms
 from replicator.sim.server import ServerOptions
-from replicator.sim.vbucket import DocumentNotFoundError
 from replicator.sim.workload import Workload, initial_load, run_workload
 
 log = logging.getLogger(__name__)

@@ -35,16 +35,17 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
 
-from replicator.dcp.cluster.connstr import format_address
 from replicator.dcp.protocol.events import StreamEndReason
+from replicator.dcp.transport.socket_io import format_address
 from replicator.model.positions import FailoverLog
 from replicator.sim.bucket import SimBucket
 from replicator.sim.cluster_config import BucketTopology, NodeEndpoint, encode_bucket_config
 from replicator.sim.faults import MalformedFrame
+from replicator.sim.history_items import DocumentItem
 from replicator.sim.management import ManagementServer
 from replicator.sim.sasl_server import CredentialStore
-from replicator.sim.server import NodeServer, ServerOptions, Session
-from replicator.sim.vbucket import DocumentItem
+from replicator.sim.server import NodeServer, ServerOptions
+from replicator.sim.session import Session
 
 DEFAULT_USERNAME = "Administrator"
 DEFAULT_PASSWORD = "password"

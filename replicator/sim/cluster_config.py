@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from replicator.dcp.cluster.connstr import format_address
+from replicator.dcp.transport.socket_io import format_address
 
 BUCKET_CAPABILITIES = (
     "collections",

@@ -34,7 +34,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
 from urllib.parse import unquote, urlsplit
 
-from replicator.dcp.cluster.connstr import format_address
+from replicator.dcp.transport.socket_io import format_address
 from replicator.sim.cluster_config import BucketTopology, bucket_uuid
 from replicator.sim.sasl_server import CredentialStore
 

@@ -13,7 +13,9 @@ import struct
 from collections import deque
 from dataclasses import dataclass, replace
 
-from replicator.dcp.protocol.codec import INITIAL_NRU, ConnectionFeatures, encode_dcp_message
+from replicator.dcp.protocol.codec import encode_dcp_message
+from replicator.dcp.protocol.dcp_messages import ConnectionFeatures
+from replicator.dcp.protocol.document_messages import INITIAL_NRU
 from replicator.dcp.protocol.events import (
     Deletion,
     Expiration,
@@ -29,7 +31,8 @@ from replicator.dcp.protocol.frame import with_stream_id
 from replicator.dcp.protocol.opcodes import Datatype, Magic, Opcode
 from replicator.dcp.protocol.values import compress_value, encode_leb128, encode_xattrs
 from replicator.sim.dcp_controls import MarkerVersion
-from replicator.sim.vbucket import ServedSnapshot, StreamCursor, expiration_as_deletion
+from replicator.sim.history_items import expiration_as_deletion
+from replicator.sim.vbucket import ServedSnapshot, StreamCursor
 
 DEFAULT_SNAPPY_MIN_SIZE = 128
 """Values shorter than this go uncompressed even when SNAPPY was negotiated."""

@@ -20,19 +20,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from replicator.dcp.protocol.codec import (
-    BufferAck,
-    ClientRequest,
-    DcpControl,
-    DcpOpen,
-    GetAllVbSeqnos,
-    Hello,
-    SaslAuth,
-    SelectBucket,
-    StreamRequest,
-    encode_request,
-)
+from replicator.dcp.protocol.codec import ClientRequest, encode_request
+from replicator.dcp.protocol.dcp_requests import BufferAck, DcpControl, DcpOpen, StreamRequest
 from replicator.dcp.protocol.opcodes import DcpOpenFlags, HelloFeature, Opcode, Status
+from replicator.dcp.protocol.requests import GetAllVbSeqnos, Hello, SaslAuth, SelectBucket
 from replicator.sim.bucket import SimBucket
 from replicator.sim.cli import PASSWORD_ENV
 from replicator.sim.cluster import DEFAULT_PASSWORD, DEFAULT_USERNAME, SimCluster

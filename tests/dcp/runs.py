@@ -5,8 +5,9 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable
 
-from replicator.dcp.protocol.codec import ConnectionFeatures, encode_dcp_message
+from replicator.dcp.protocol.codec import encode_dcp_message
 from replicator.dcp.protocol.columnar import DocumentColumns, DocumentRun
+from replicator.dcp.protocol.dcp_messages import ConnectionFeatures
 from replicator.dcp.protocol.events import (
     MUTATION_OPCODE,
     Deletion,

@@ -26,39 +26,43 @@ from scramp import ScramException, ScramMechanism
 from replicator.dcp.protocol.codec import (
     ClientMessage,
     ClientRequest,
-    CloseStream,
-    ClustermapChangeNotification,
-    ConnectionFeatures,
-    DcpControl,
-    DcpNoop,
-    DcpOpen,
-    GetAllVbSeqnos,
-    GetClusterConfig,
-    GetCollectionsManifest,
-    GetFailoverLog,
-    Hello,
-    Noop,
     ProducerMessage,
-    Response,
-    SaslAuth,
-    SaslListMechs,
-    SaslStep,
-    SelectBucket,
-    StreamRequest,
-    VbucketSeqno,
     decode_client_frame,
     encode_dcp_message,
-    encode_failover_log,
-    encode_hello_features,
     encode_request,
-    encode_response,
-    encode_sasl_mechanisms,
-    encode_server_request,
-    encode_vbucket_seqnos,
+)
+from replicator.dcp.protocol.dcp_messages import ConnectionFeatures, DcpNoop
+from replicator.dcp.protocol.dcp_requests import (
+    CloseStream,
+    DcpControl,
+    DcpOpen,
+    GetFailoverLog,
+    StreamRequest,
 )
 from replicator.dcp.protocol.events import StreamEnd, StreamEndReason
 from replicator.dcp.protocol.frame import FrameReader
 from replicator.dcp.protocol.opcodes import Status
+from replicator.dcp.protocol.pushes import ClustermapChangeNotification, encode_server_request
+from replicator.dcp.protocol.requests import (
+    GetAllVbSeqnos,
+    GetClusterConfig,
+    GetCollectionsManifest,
+    Hello,
+    Noop,
+    SaslAuth,
+    SaslListMechs,
+    SaslStep,
+    SelectBucket,
+    encode_hello_features,
+)
+from replicator.dcp.protocol.responses import (
+    Response,
+    VbucketSeqno,
+    encode_failover_log,
+    encode_response,
+    encode_sasl_mechanisms,
+    encode_vbucket_seqnos,
+)
 from replicator.errors import ProtocolError
 from replicator.model.positions import FailoverLog
 

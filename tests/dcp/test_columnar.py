@@ -10,16 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from replicator.dcp.protocol.codec import (
-    ConnectionFeatures,
-    DcpNoop,
-    ProducerMessage,
-    Response,
-    decode_dcp_message,
-    encode_dcp_message,
-    encode_response,
-)
+from replicator.dcp.protocol.codec import ProducerMessage, decode_dcp_message, encode_dcp_message
 from replicator.dcp.protocol.columnar import DocumentColumns, DocumentRun
+from replicator.dcp.protocol.dcp_messages import ConnectionFeatures, DcpNoop
 from replicator.dcp.protocol.events import (
     Deletion,
     Expiration,
@@ -29,6 +22,7 @@ from replicator.dcp.protocol.events import (
 )
 from replicator.dcp.protocol.frame import Frame, FrameReader, encode_frame
 from replicator.dcp.protocol.opcodes import Opcode, Status
+from replicator.dcp.protocol.responses import Response, encode_response
 from replicator.errors import ProtocolError
 from tests.dcp.runs import summarised_alone
 from tests.dcp.strategies import features as feature_sets

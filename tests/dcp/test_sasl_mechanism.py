@@ -12,12 +12,13 @@ import pytest
 
 from replicator.config import ReplicatorConfig, Secret
 from replicator.dcp.transport.auth import Credentials, SaslMechanism, parse_sasl_mechanism
-from replicator.dcp.transport.connection import ConnectionOptions, NodeConnection, TlsSettings
+from replicator.dcp.transport.connection import NodeConnection
+from replicator.dcp.transport.options import ConnectionOptions, TlsSettings
 from replicator.errors import ConfigError
-from replicator.pipeline.runner import connect_source
 from replicator.sim.bucket import SimBucket
 from replicator.sim.cluster import SimCluster, server_tls_context
 from replicator.sim.server import ServerOptions
+from replicator.source import connect_source
 from tests.dcp.scripted_peer import make_tls_files
 
 PASSWORD = "Mech-canary-pw-4417"

@@ -7,7 +7,6 @@ import random
 import pytest
 
 from replicator.dcp.cluster.streams import (
-    Backoff,
     EndAction,
     OutcomeKind,
     StreamState,
@@ -16,10 +15,11 @@ from replicator.dcp.cluster.streams import (
     read_stream_response,
     stream_end_action,
 )
-from replicator.dcp.protocol.codec import Response, encode_failover_log, encode_rollback_seqno
 from replicator.dcp.protocol.events import StreamEndReason
 from replicator.dcp.protocol.opcodes import Opcode, Status, StreamRequestFlags
+from replicator.dcp.protocol.responses import Response, encode_failover_log, encode_rollback_seqno
 from replicator.errors import ConfigError, ProtocolError
+from replicator.model.backoff import Backoff
 from replicator.model.positions import MAX_SEQNO, FailoverLog, VbucketPosition
 
 LOG = FailoverLog.of([(0xCC, 200), (0xBB, 100), (0xAA, 0)])

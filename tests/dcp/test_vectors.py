@@ -7,19 +7,19 @@ import re
 
 import pytest
 
-from replicator.dcp.protocol.codec import (
-    ConnectionFeatures,
+from replicator.dcp.protocol.codec import decode_dcp_message
+from replicator.dcp.protocol.dcp_messages import ConnectionFeatures
+from replicator.dcp.protocol.events import Mutation, SnapshotFlags, SnapshotMarker, SystemEvent
+from replicator.dcp.protocol.events import SystemEventType as Ev
+from replicator.dcp.protocol.frame import Frame, FrameReader, parse_frame
+from replicator.dcp.protocol.opcodes import Magic, Opcode, Status
+from replicator.dcp.protocol.responses import (
     Response,
-    decode_dcp_message,
     decode_response,
     encode_response,
     not_my_vbucket_config_of,
     vbucket_seqnos_of,
 )
-from replicator.dcp.protocol.events import Mutation, SnapshotFlags, SnapshotMarker, SystemEvent
-from replicator.dcp.protocol.events import SystemEventType as Ev
-from replicator.dcp.protocol.frame import Frame, FrameReader, parse_frame
-from replicator.dcp.protocol.opcodes import Magic, Opcode, Status
 from replicator.dcp.protocol.values import decode_xattrs, encode_xattrs
 from replicator.errors import ProtocolError
 from tests.golden_vectors import GOMEMCACHED, VECTORS, gomemcached_event_wire, requires_vectors

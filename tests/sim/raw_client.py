@@ -22,28 +22,13 @@ from pathlib import Path
 from scramp import ScramClient
 
 from replicator.dcp.protocol.codec import (
-    BufferAck,
     ClientRequest,
-    ClustermapChangeNotification,
-    ConnectionFeatures,
-    DcpControl,
-    DcpNoop,
-    DcpOpen,
-    GetClusterConfig,
-    Hello,
-    Response,
-    SaslAuth,
-    SaslListMechs,
-    SaslStep,
-    SelectBucket,
     ServerMessage,
-    StreamRequest,
-    dcp_noop_reply,
     decode_server_frame,
     encode_request,
-    encode_response,
-    hello_features_of,
 )
+from replicator.dcp.protocol.dcp_messages import ConnectionFeatures, DcpNoop
+from replicator.dcp.protocol.dcp_requests import BufferAck, DcpControl, DcpOpen, StreamRequest
 from replicator.dcp.protocol.events import StreamEnd
 from replicator.dcp.protocol.frame import Frame, FrameReader, encode_frame
 from replicator.dcp.protocol.opcodes import (
@@ -54,6 +39,21 @@ from replicator.dcp.protocol.opcodes import (
     Opcode,
     Status,
     StreamRequestFlags,
+)
+from replicator.dcp.protocol.pushes import ClustermapChangeNotification
+from replicator.dcp.protocol.requests import (
+    GetClusterConfig,
+    Hello,
+    SaslAuth,
+    SaslListMechs,
+    SaslStep,
+    SelectBucket,
+)
+from replicator.dcp.protocol.responses import (
+    Response,
+    dcp_noop_reply,
+    encode_response,
+    hello_features_of,
 )
 from replicator.model.positions import MAX_SEQNO
 from replicator.sim.bucket import SimBucket

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import doctest
 import json
 import threading
 
 import pytest
 
-import replicator.sim.bucket as bucket_module
 from replicator.dcp.protocol.events import (
     Deletion,
     Expiration,
@@ -19,8 +17,9 @@ from replicator.dcp.protocol.events import (
 )
 from replicator.sim.bucket import Delete, DocumentRecord, Expire, SimBucket, Touch, Upsert
 from replicator.sim.collections import UnknownCollectionError
+from replicator.sim.history_items import DocumentNotFoundError
 from replicator.sim.vbmap import vbucket_for_key
-from replicator.sim.vbucket import DocumentNotFoundError, ServedSnapshot, StreamCursor
+from replicator.sim.vbucket import ServedSnapshot, StreamCursor
 
 NOW_S = 1_700_000_000
 
@@ -270,8 +269,3 @@ def test_seed_makes_vbucket_uuids_reproducible() -> None:
     assert first == again
     assert first != other
     assert len({log.newest.vbucket_uuid for log in first}) == 4
-
-
-def test_docstring_examples_run() -> None:
-    outcome = doctest.testmod(bucket_module)
-    assert outcome.attempted > 0 and outcome.failed == 0

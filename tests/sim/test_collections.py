@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import doctest
 import json
 
 import pytest
 
-import replicator.sim.collections as collections_module
 from replicator.dcp.protocol.events import SystemEventType
 from replicator.sim.collections import (
     FIRST_USER_ID,
@@ -144,8 +142,3 @@ def test_split_collection_path() -> None:
     assert split_collection_path("users") == ("_default", "users")
     with pytest.raises(ValueError, match=r"scope\.collection"):
         split_collection_path("a.b.c")
-
-
-def test_docstring_examples_run() -> None:
-    outcome = doctest.testmod(collections_module)
-    assert outcome.attempted > 0 and outcome.failed == 0

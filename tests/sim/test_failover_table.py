@@ -5,7 +5,6 @@ Case names follow spec/seeds/rollback.txt (kv_engine's rollback.md) and NOTES.md
 
 from __future__ import annotations
 
-import doctest
 import random
 from dataclasses import dataclass, field
 
@@ -13,7 +12,6 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-import replicator.sim.failover_table as failover_table_module
 from replicator.model.positions import MAX_SEQNO, FailoverEntry
 from replicator.sim.failover_table import (
     FailoverTable,
@@ -402,8 +400,3 @@ def test_whole_snapshot_consumer_rolls_back_only_to_branch_points_or_zero(
         else:
             producer.purge_seqno = max(producer.purge_seqno, producer.high * amount // 100)
     resume(producer, committed)
-
-
-def test_docstring_examples_run() -> None:
-    outcome = doctest.testmod(failover_table_module)
-    assert outcome.attempted > 0 and outcome.failed == 0

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from replicator.dcp.cluster.connstr import parse_connection_string
-from replicator.dcp.protocol.codec import GetCollectionsManifest
 from replicator.dcp.protocol.opcodes import Status
+from replicator.dcp.protocol.requests import GetCollectionsManifest
 from replicator.errors import ConfigError
 from replicator.sim.bucket import SimBucket
 from replicator.sim.cli import _build_bucket, _check_options, add_sim_arguments

@@ -14,13 +14,15 @@ from typing import TypeVar
 
 import pytest
 
-from replicator.dcp.protocol.codec import ConnectionFeatures, decode_dcp_message
+from replicator.dcp.protocol.codec import decode_dcp_message
+from replicator.dcp.protocol.dcp_messages import ConnectionFeatures
 from replicator.dcp.protocol.events import Mutation, SnapshotFlags, SnapshotMarker, SystemEvent
 from replicator.dcp.protocol.frame import HEADER_SIZE, Frame, parse_frame
 from replicator.dcp.protocol.opcodes import Magic
 from replicator.sim.dcp_controls import MarkerVersion
+from replicator.sim.history_items import HistoryItem
 from replicator.sim.producer_stream import ProducerStream, StreamEncoding, StreamFilter
-from replicator.sim.vbucket import HistoryItem, ServedSnapshot
+from replicator.sim.vbucket import ServedSnapshot
 from tests.golden_vectors import GOMEMCACHED, gomemcached_event_wire, requires_vectors
 
 pytestmark = requires_vectors

@@ -21,7 +21,7 @@ from replicator.dcp.protocol.events import (
 )
 from replicator.dcp.protocol.opcodes import HelloFeature, Status
 from replicator.sim.bucket import SimBucket, Upsert
-from replicator.sim.vbucket import history_item_size
+from replicator.sim.history_items import history_item_size
 from tests.sim.raw_client import DEFAULT_FEATURES, RawClient, fast_options, producer, serve
 
 CHANGE_STREAMS = (("change_streams", "true"),)

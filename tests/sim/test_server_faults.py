@@ -8,16 +8,15 @@ import time
 import pytest
 
 from replicator.dcp.protocol.codec import (
-    ConnectionFeatures,
     decode_dcp_message,
     decode_server_frame,
     encode_dcp_message,
-    failover_log_of,
-    rollback_seqno_of,
 )
+from replicator.dcp.protocol.dcp_messages import ConnectionFeatures
 from replicator.dcp.protocol.events import Mutation, StreamEnd, StreamEndReason
 from replicator.dcp.protocol.frame import FrameReader
 from replicator.dcp.protocol.opcodes import HelloFeature, Status
+from replicator.dcp.protocol.responses import failover_log_of, rollback_seqno_of
 from replicator.errors import ProtocolError
 from replicator.sim.bucket import SimBucket, Upsert
 from replicator.sim.faults import MalformedFrame

@@ -10,16 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from replicator.dcp.protocol.codec import (
-    DcpOpen,
-    GetAllVbSeqnos,
-    GetCollectionsManifest,
-    SaslAuth,
-    SaslStep,
-    hello_features_of,
-    sasl_mechanisms_of,
-    vbucket_seqnos_of,
-)
+from replicator.dcp.protocol.dcp_requests import DcpOpen
 from replicator.dcp.protocol.frame import encode_frame
 from replicator.dcp.protocol.opcodes import (
     DcpOpenFlags,
@@ -28,6 +19,17 @@ from replicator.dcp.protocol.opcodes import (
     Opcode,
     Status,
     VbucketState,
+)
+from replicator.dcp.protocol.requests import (
+    GetAllVbSeqnos,
+    GetCollectionsManifest,
+    SaslAuth,
+    SaslStep,
+)
+from replicator.dcp.protocol.responses import (
+    hello_features_of,
+    sasl_mechanisms_of,
+    vbucket_seqnos_of,
 )
 from replicator.sim.bucket import SimBucket
 from replicator.sim.cluster import SimCluster, server_tls_context

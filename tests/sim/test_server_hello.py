@@ -9,9 +9,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from replicator.dcp.protocol.codec import hello_features_of
 from replicator.dcp.protocol.events import Mutation, StreamEnd, StreamEndReason
 from replicator.dcp.protocol.opcodes import Datatype, HelloFeature, Status
+from replicator.dcp.protocol.responses import hello_features_of
 from replicator.sim.bucket import SimBucket
 from replicator.sim.cluster import SimCluster
 from tests.sim.raw_client import DEFAULT_FEATURES, RawClient, producer, serve

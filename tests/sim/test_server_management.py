@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from replicator.dcp.protocol.codec import Status
+from replicator.dcp.protocol.opcodes import Status
 from replicator.sim.bucket import SimBucket
 from replicator.sim.cli import _check_options, add_sim_arguments
 from replicator.sim.cluster import DEFAULT_PASSWORD, DEFAULT_USERNAME, SimCluster

@@ -3,7 +3,8 @@ message framed with its stream's id, as a 6.5+ server does."""
 
 from __future__ import annotations
 
-from replicator.dcp.protocol.codec import CloseStream, ServerMessage
+from replicator.dcp.protocol.codec import ServerMessage
+from replicator.dcp.protocol.dcp_requests import CloseStream
 from replicator.dcp.protocol.events import Mutation, SnapshotMarker, StreamEnd, StreamEndReason
 from replicator.dcp.protocol.frame import Frame, parse_frame, stream_id_of, with_stream_id
 from replicator.dcp.protocol.opcodes import Magic, Status

@@ -7,12 +7,7 @@ import struct
 
 import pytest
 
-from replicator.dcp.protocol.codec import (
-    CloseStream,
-    GetFailoverLog,
-    failover_log_of,
-    rollback_seqno_of,
-)
+from replicator.dcp.protocol.dcp_requests import CloseStream, GetFailoverLog
 from replicator.dcp.protocol.events import (
     Deletion,
     Mutation,
@@ -26,6 +21,7 @@ from replicator.dcp.protocol.events import (
 )
 from replicator.dcp.protocol.frame import encode_frame
 from replicator.dcp.protocol.opcodes import Magic, Status, StreamRequestFlags
+from replicator.dcp.protocol.responses import failover_log_of, rollback_seqno_of
 from replicator.sim.bucket import Delete, SimBucket, Upsert
 from tests.sim.raw_client import RawClient, producer, serve
 

@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import doctest
-
 import pytest
 
-import replicator.sim.vbmap as vbmap_module
 from replicator.sim.vbmap import vbucket_for_key
 
 # From libvbucket's test suite (a 4-vbucket map), as copied into the Enyim client's tests.
@@ -50,8 +47,3 @@ def test_keys_spread_over_every_vbucket() -> None:
 def test_rejects_impossible_vbucket_counts(bad: int) -> None:
     with pytest.raises(ValueError, match="num_vbuckets"):
         vbucket_for_key(b"k", bad)
-
-
-def test_docstring_examples_run() -> None:
-    outcome = doctest.testmod(vbmap_module)
-    assert outcome.attempted > 0 and outcome.failed == 0

@@ -21,16 +21,14 @@ from replicator.dcp.protocol.events import (
 )
 from replicator.sim.collections import ManifestChange
 from replicator.sim.failover_table import StreamAccepted, StreamRequest, StreamRollback
-from replicator.sim.vbucket import (
+from replicator.sim.history_items import (
     DocumentNotFoundError,
     DocumentWrite,
     HistoryItem,
-    ServedSnapshot,
-    StreamCursor,
-    VBucket,
     WriteKind,
     expiration_as_deletion,
 )
+from replicator.sim.vbucket import ServedSnapshot, StreamCursor, VBucket
 
 DISK = SnapshotFlags.DISK | SnapshotFlags.CHECKPOINT
 MEMORY = SnapshotFlags.MEMORY | SnapshotFlags.CHECKPOINT

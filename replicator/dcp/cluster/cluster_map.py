@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from replicator.dcp.cluster.connstr import format_address
+from replicator.dcp.transport.socket_io import format_address
 from replicator.errors import ConfigError, ProtocolError
 
 HOST_PLACEHOLDER = "$HOST"

@@ -11,6 +11,7 @@ import ipaddress
 import re
 from dataclasses import dataclass
 
+from replicator.dcp.transport.socket_io import format_address
 from replicator.errors import ConfigError
 
 KV_PORT = 11210
@@ -52,11 +53,6 @@ class ConnectionString:
             SeedNode(host='db2', port=11999)), bucket='travel', tls=True)
         """
         return parse_connection_string(text)
-
-
-def format_address(host: str, port: int) -> str:
-    """`host:port`, bracketing an IPv6 host."""
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def parse_connection_string(text: str) -> ConnectionString:

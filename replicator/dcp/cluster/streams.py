@@ -1,7 +1,7 @@
 """Per-vbucket DCP streams: building stream requests, reading their outcomes, and stream state.
 
-Pure: no sockets. The cluster client (client.py) owns one `VbucketStream` per vbucket and drives
-it with what its connections receive.
+Pure: no sockets. The cluster client's stream table (stream_table.py) holds one `VbucketStream`
+per vbucket, and the router drives it with what the connections receive.
 
 Stream request from a committed position (spec/NOTES.md section 4): start = the committed seqno,
 snapshot range = the position's (start..start for a whole-snapshot boundary), vb_uuid = the
@@ -13,20 +13,20 @@ anything is sent (java-dcp-client#41 lost updates by breaking it).
 from __future__ import annotations
 
 import enum
-import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from replicator.dcp.protocol.codec import (
+from replicator.dcp.protocol.dcp_requests import StreamRequest
+from replicator.dcp.protocol.events import StreamEndReason
+from replicator.dcp.protocol.opcodes import Status, StreamRequestFlags
+from replicator.dcp.protocol.responses import (
     Response,
-    StreamRequest,
     failover_log_of,
     not_my_vbucket_config_of,
     rollback_seqno_of,
 )
-from replicator.dcp.protocol.events import StreamEndReason
-from replicator.dcp.protocol.opcodes import Status, StreamRequestFlags
 from replicator.errors import ConfigError, ProtocolError
+from replicator.model.backoff import Backoff
 from replicator.model.positions import MAX_SEQNO, FailoverLog, VbucketPosition
 
 CommittedPosition = Callable[[int], tuple[VbucketPosition, FailoverLog | None]]
@@ -156,39 +156,6 @@ _END_ACTIONS = {
 def stream_end_action(reason: StreamEndReason) -> EndAction:
     """OK/CLOSED end a stream for good; STATE_CHANGED moves it; others reopen it."""
     return _END_ACTIONS[reason]
-
-
-@dataclass(frozen=True, slots=True)
-class Backoff:
-    """Exponential retry pacing, capped, with a deadline; shared by stream retries and reconnects.
-
-    `delay(n)` is the wait before attempt n+1 (n counts failures from 1). Jitter spreads
-    retries of many clients: the delay is drawn from [delay/2, delay] when `jitter` is set.
-    """
-
-    initial: float = 0.1
-    maximum: float = 10.0
-    multiplier: float = 2.0
-    deadline: float = 300.0
-    """Give up once this many seconds have passed since the first failure."""
-    jitter: bool = True
-
-    def __post_init__(self) -> None:
-        if self.initial <= 0 or self.maximum < self.initial or self.multiplier < 1:
-            raise ConfigError(
-                f"backoff needs 0 < initial <= maximum and multiplier >= 1, got {self}"
-            )
-        if self.deadline <= 0:
-            raise ConfigError(f"backoff deadline must be positive, got {self.deadline}")
-
-    def delay(self, failures: int, rng: random.Random | None = None) -> float:
-        """Seconds to wait after the `failures`-th consecutive failure."""
-        if failures < 1:
-            raise ValueError(f"failures counts from 1, got {failures}")
-        base = min(self.maximum, self.initial * self.multiplier ** min(failures - 1, 64))
-        if not self.jitter:
-            return base
-        return (rng or random).uniform(base / 2, base)
 
 
 class StreamState(enum.Enum):

@@ -31,7 +31,8 @@ import cramjam
 import numpy as np
 import pyarrow as pa
 
-from replicator.dcp.protocol.codec import ConnectionFeatures, decode_dcp_message
+from replicator.dcp.protocol.codec import decode_dcp_message
+from replicator.dcp.protocol.dcp_messages import ConnectionFeatures
 from replicator.dcp.protocol.events import (
     DOCUMENT_CHANGE_SCHEMA,
     MUTATION_OPCODE,

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import time
 
-from replicator.dcp.protocol.codec import ConnectionFeatures, decode_dcp_message, encode_dcp_message
+from replicator.dcp.protocol.codec import decode_dcp_message, encode_dcp_message
+from replicator.dcp.protocol.dcp_messages import ConnectionFeatures
 from replicator.dcp.protocol.events import Mutation
 from replicator.dcp.protocol.frame import FrameReader
 

@@ -16,22 +16,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from replicator.dcp.protocol.codec import (
-    ConnectionFeatures,
-    DcpNoop,
     ProducerMessage,
-    Response,
     decode_client_frame,
     decode_server_frame,
     encode_dcp_message,
-    encode_response,
-    failover_log_of,
-    hello_features_of,
-    not_my_vbucket_config_of,
-    rollback_seqno_of,
-    sasl_mechanisms_of,
-    vbucket_seqnos_of,
 )
 from replicator.dcp.protocol.columnar import DocumentColumns, DocumentRun
+from replicator.dcp.protocol.dcp_messages import ConnectionFeatures, DcpNoop
 from replicator.dcp.protocol.events import (
     Deletion,
     Expiration,
@@ -43,6 +34,16 @@ from replicator.dcp.protocol.events import (
     StreamEndReason,
 )
 from replicator.dcp.protocol.frame import HEADER_SIZE, Frame, FrameReader
+from replicator.dcp.protocol.responses import (
+    Response,
+    encode_response,
+    failover_log_of,
+    hello_features_of,
+    not_my_vbucket_config_of,
+    rollback_seqno_of,
+    sasl_mechanisms_of,
+    vbucket_seqnos_of,
+)
 from replicator.errors import ProtocolError
 
 MAX_BODY = 4096

@@ -1,11 +1,11 @@
 """One DCP connection to one data node: connect, handshake, then a selector-driven I/O thread.
 
-Handshake (spec/NOTES.md section 4), synchronous in the caller's thread: HELLO, SASL, SELECT_BUCKET,
-GET_CLUSTER_CONFIG, DCP_OPEN, one DCP_CONTROL per setting. Then one thread per connection owns
-the socket for reads and writes (so a TLS socket is never used from two threads at once): it
-decodes frames with the codec, matches responses to requests by opaque, answers DCP_NOOP,
-counts flow-control bytes, and hands stream messages and cluster-map notifications to a
-listener in wire order. Other threads send by queueing bytes and waking the loop.
+The handshake (handshake.py) runs synchronously in the caller's thread. Then one thread per
+connection owns the socket (socket_io.py) for reads and writes (so a TLS socket is never used
+from two threads at once): it decodes frames with the codec, matches responses to requests by
+opaque (pending.py), answers DCP_NOOP, counts flow-control bytes, and hands stream messages and
+cluster-map notifications to a listener in wire order. Other threads send by queueing bytes and
+waking the loop.
 
 Failure handling: a malformed frame raises ProtocolError inside the loop; the connection is
 closed at once, so nothing decoded after the bad frame reaches the listener, which gets
@@ -16,188 +16,60 @@ probe with a client NOOP (0x0a) when idle.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import itertools
-import json
 import logging
 import selectors
-import socket
-import ssl
 import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import dataclass, field
 from typing import Protocol, cast
 
-from replicator.dcp.cluster.connstr import format_address
 from replicator.dcp.protocol.codec import (
-    MAX_CONNECTION_NAME_BYTES,
     ClientRequest,
-    CloseStream,
-    ClustermapChangeNotification,
-    ConnectionFeatures,
-    DcpControl,
-    DcpNoop,
-    DcpOpen,
-    GetClusterConfig,
-    Hello,
-    Noop,
     ProducerMessage,
-    Response,
-    SaslAuth,
-    SaslListMechs,
-    SaslStep,
-    SelectBucket,
-    StreamRequest,
-    dcp_noop_reply,
     decode_dcp_message,
-    decode_response,
-    decode_server_request,
     encode_request,
-    encode_response,
-    hello_features_of,
-    sasl_mechanisms_of,
 )
-from replicator.dcp.protocol.codec import BufferAck as BufferAckRequest
 from replicator.dcp.protocol.columnar import DocumentColumns, DocumentRun
+from replicator.dcp.protocol.dcp_messages import ConnectionFeatures, DcpNoop
+from replicator.dcp.protocol.dcp_requests import BufferAck as BufferAckRequest
+from replicator.dcp.protocol.dcp_requests import CloseStream, StreamRequest
 from replicator.dcp.protocol.events import DocumentChanges, StreamEnd
-from replicator.dcp.protocol.frame import DEFAULT_MAX_BODY_SIZE, HEADER_SIZE, Frame, FrameReader
-from replicator.dcp.protocol.opcodes import (
-    Datatype,
-    DcpOpenFlags,
-    HelloFeature,
-    Magic,
-    Opcode,
-    Status,
+from replicator.dcp.protocol.frame import HEADER_SIZE, Frame, FrameReader
+from replicator.dcp.protocol.opcodes import Magic, Status
+from replicator.dcp.protocol.pushes import ClustermapChangeNotification, decode_server_request
+from replicator.dcp.protocol.requests import Noop
+from replicator.dcp.protocol.responses import (
+    Response,
+    dcp_noop_reply,
+    decode_response,
+    encode_response,
 )
-from replicator.dcp.protocol.values import decompress_value
-from replicator.dcp.transport.auth import Credentials, SaslMechanism, authenticate
-from replicator.dcp.transport.flow_control import DEFAULT_WINDOW_BYTES, FlowControl
-from replicator.errors import (
-    AuthenticationError,
-    BucketNotFoundError,
-    ConfigError,
-    ConnectionLostError,
-    NodeUnreachableError,
-    ProtocolError,
-    ReplicatorError,
-    TlsError,
+from replicator.dcp.transport.auth import Credentials, SaslMechanism
+from replicator.dcp.transport.flow_control import FlowControl
+from replicator.dcp.transport.handshake import Handshake
+from replicator.dcp.transport.options import ConnectionOptions
+from replicator.dcp.transport.pending import (
+    PendingRequest,
+    PendingRequests,
+    ResponseHandler,
+    next_opaque,
 )
+from replicator.dcp.transport.socket_io import NodeSocket, format_address
+from replicator.errors import ConnectionLostError, ReplicatorError
 
 log = logging.getLogger(__name__)
 
-REQUESTED_FEATURES = (
-    HelloFeature.XERROR,
-    HelloFeature.SELECT_BUCKET,
-    HelloFeature.JSON,
-    HelloFeature.SNAPPY,
-    HelloFeature.XATTR,
-    HelloFeature.COLLECTIONS,
-    HelloFeature.DUPLEX,
-    HelloFeature.CLUSTERMAP_CHANGE_NOTIFICATION,
-)
-"""HELLO features asked for; DUPLEX + CLUSTERMAP_CHANGE_NOTIFICATION make the node push maps."""
-
-OPTIONAL_CONTROL_REFUSALS = frozenset({Status.EINVAL, Status.NOT_SUPPORTED, Status.UNKNOWN_COMMAND})
-"""How an older producer refuses a DCP_CONTROL key it does not know."""
-
-_READ_CHUNK = 256 * 1024
 _READS_PER_TURN = 16
 """Reads before the loop flushes its sends (noop replies, acks) again."""
 _MAX_TICK = 1.0
 
-_opaques = itertools.count(1)
-_opaque_lock = threading.Lock()
 _connection_ids = itertools.count(1)
-
-
-def next_opaque() -> int:
-    """A process-wide unique request opaque (non-zero u32)."""
-    with _opaque_lock:
-        while True:
-            value = next(_opaques) & 0xFFFFFFFF
-            if value:
-                return value
-
-
-@dataclass(frozen=True, slots=True)
-class TlsSettings:
-    """How to verify the node's certificate. `ca_file` None: the system's trusted CAs."""
-
-    ca_file: str | None = None
-    check_hostname: bool = True
-
-    def context(self) -> ssl.SSLContext:
-        """A client context that verifies the server certificate (never CERT_NONE)."""
-        try:
-            ctx = ssl.create_default_context(cafile=self.ca_file)
-        except (OSError, ssl.SSLError) as exc:
-            raise ConfigError(f"cannot load CA bundle {self.ca_file!r}: {exc}") from None
-        ctx.check_hostname = self.check_hostname
-        ctx.verify_mode = ssl.CERT_REQUIRED
-        return ctx
-
-
-@dataclass(frozen=True, slots=True)
-class ConnectionOptions:
-    """Settings of every node connection. Times in seconds."""
-
-    service_name: str = "replicator"
-    """First part of the connection name `<service>:<unique>` the node logs and shows."""
-    connect_timeout: float = 10.0
-    request_timeout: float = 30.0
-    flow_control_window: int = DEFAULT_WINDOW_BYTES
-    """connection_buffer_size: bytes the producer may send before we acknowledge."""
-    noop_interval: int = 120
-    """set_noop_interval sent to the producer (kv_engine accepts 1..10800)."""
-    dead_connection_timeout: float | None = None
-    """Silence after which the connection is declared dead; None: two noop intervals."""
-    enable_expiry_opcode: bool = True
-    request_marker_v2_2: bool = True
-    """Ask for max_marker_version=2.2 (purge seqno in markers) when collections are on."""
-    change_streams: bool = False
-    """Ask for change streams (history snapshots: every revision of collections with history
-    retention, Couchbase 7.2+); a producer without them refuses, and streams stay deduplicated."""
-    include_xattrs: bool = True
-    allow_plain_over_tcp: bool = False
-    sasl_mechanism: SaslMechanism | None = None
-    """The one SASL mechanism to use; None: the strongest SCRAM the node offers (see auth)."""
-    tls: TlsSettings = field(default_factory=TlsSettings)
-    max_body_size: int = DEFAULT_MAX_BODY_SIZE
-
-    def __post_init__(self) -> None:
-        if not self.service_name or ":" in self.service_name:
-            raise ConfigError(
-                f"service name {self.service_name!r} must be non-empty and contain no ':'"
-            )
-        if len(self.service_name.encode()) > MAX_CONNECTION_NAME_BYTES - 33:
-            raise ConfigError(
-                f"service name is too long: the connection name `<service>:<32 hex>` must fit "
-                f"{MAX_CONNECTION_NAME_BYTES} bytes"
-            )
-        if not 1 <= self.noop_interval <= 10800:
-            raise ConfigError(f"noop interval must be 1..10800 s, not {self.noop_interval}")
-        if self.dead_connection_timeout is not None and self.dead_connection_timeout <= 0:
-            raise ConfigError("dead_connection_timeout must be positive")
-        if self.connect_timeout <= 0 or self.request_timeout <= 0:
-            raise ConfigError("connect_timeout and request_timeout must be positive")
-        if not 1 <= self.flow_control_window <= 0xFFFFFFFF:
-            raise ConfigError(
-                f"flow_control_window must be 1..2^32-1 bytes, not {self.flow_control_window}"
-            )
-
-    @property
-    def dead_after(self) -> float:
-        """Seconds of silence that mean the connection is dead."""
-        if self.dead_connection_timeout is not None:
-            return self.dead_connection_timeout
-        return 2.0 * self.noop_interval
-
 
 Delivered = tuple[ProducerMessage | DocumentChanges, int, int]
 """A producer message as handed up: (message, the frame's opaque, its size on the wire). Data
@@ -221,16 +93,6 @@ class ConnectionListener(Protocol):
     def on_connection_lost(self, connection: NodeConnection, error: ReplicatorError) -> None:
         """The connection broke (called once; not called after `close()`)."""
         ...
-
-
-ResponseHandler = Callable[[Response], None]
-
-
-@dataclass(slots=True)
-class _Pending:
-    request: ClientRequest
-    future: Future[Response]
-    on_response: ResponseHandler | None
 
 
 class NodeConnection:
@@ -271,11 +133,11 @@ class NodeConnection:
         self._listener = listener
         self._reader = FrameReader(max_body_size=self.options.max_body_size)
         self._columns = DocumentColumns(self.features)
-        self._sock: socket.socket | None = None
         self._lock = threading.Lock()
-        self._pending: dict[int, _Pending] = {}
-        self._outbound: deque[bytes] = deque()
-        self._send_buffer = bytearray()
+        self._socket = NodeSocket(
+            host, port, self.address, tls=tls, options=self.options, lock=self._lock
+        )
+        self._pending = PendingRequests()
         self._early_frames: deque[Frame] = deque()
         self._undelivered: list[Delivered] = []
         self._undelivered_bytes = 0
@@ -283,9 +145,6 @@ class NodeConnection:
         self._closed = threading.Event()
         self._lost: ReplicatorError | None = None
         self._thread: threading.Thread | None = None
-        self._wake_r, self._wake_w = socket.socketpair()
-        self._wake_r.setblocking(False)
-        self._wake_w.setblocking(False)
         self._last_received = time.monotonic()
         self._probe_opaque: int | None = None
         self.opened_at: float | None = None
@@ -336,13 +195,28 @@ class NodeConnection:
         if self._thread is not None or self._closed.is_set():
             raise RuntimeError(f"{self!r} was already opened")
         try:
-            self._sock = self._connect()
-            self._handshake()
+            sock = self._socket.connect()
+            negotiated = Handshake(
+                sock,
+                self._reader,
+                self._early_frames,
+                address=self.address,
+                name=self.name,
+                bucket=self.bucket,
+                credentials=self._credentials,
+                tls=self.tls,
+                options=self.options,
+            ).run()
         except BaseException as exc:
             log.debug("%s: opening failed: %s", self.address, exc)
-            self._close_sockets()
+            self._socket.close()
             self._closed.set()
             raise
+        self.hello_features = negotiated.hello_features
+        self.sasl_mechanism = negotiated.sasl_mechanism
+        self.cluster_config = negotiated.cluster_config
+        self.features = negotiated.features
+        self.accepted_controls = negotiated.accepted_controls
         log.info(
             "%s: DCP connection %s open (sasl=%s, collections=%s, controls=%s)",
             self.address,
@@ -351,7 +225,7 @@ class NodeConnection:
             self.features.collections,
             ",".join(sorted(self.accepted_controls)),
         )
-        self._sock.setblocking(False)
+        sock.setblocking(False)
         self._last_received = self.opened_at = time.monotonic()
         self._thread = threading.Thread(
             target=self._run, name=f"dcp-io-{self.address}", daemon=True
@@ -364,19 +238,17 @@ class NodeConnection:
         with self._lock:
             already = self._closed.is_set()
             self._closed.set()
-            pending = list(self._pending.values())
-            self._pending.clear()
+            pending = self._pending.take_all()
         if not already:
             self._wake()
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)
         if thread is None or not thread.is_alive():
-            self._close_sockets()
+            self._socket.close()
         error = ConnectionLostError(self.address, "connection closed by the client")
         for entry in pending:
-            if not entry.future.done():
-                entry.future.set_exception(error)
+            entry.fail(error)
 
     # --- requests ------------------------------------------------------------------------
 
@@ -394,8 +266,8 @@ class NodeConnection:
         data = encode_request(request)
         with self._lock:
             self._check_usable()
-            self._pending[request.opaque] = _Pending(request, future, on_response)
-            self._outbound.append(data)
+            self._pending.add(PendingRequest(request, future, on_response))
+            self._socket.queue(data)
         self._wake()
         return future
 
@@ -429,7 +301,7 @@ class NodeConnection:
         with self._lock:
             if self._closed.is_set():
                 return
-            self._outbound.append(data)
+            self._socket.queue(data)
         self._wake()
 
     def _check_usable(self) -> None:
@@ -443,197 +315,34 @@ class NodeConnection:
     def _wake(self) -> None:
         if self._thread is threading.current_thread():
             return  # the loop flushes before it selects again
-        with contextlib.suppress(OSError):  # a full wake pipe already wakes the loop
-            self._wake_w.send(b"\x00")
-
-    # --- connect and handshake -----------------------------------------------------------
-
-    def _connect(self) -> socket.socket:
-        timeout = self.options.connect_timeout
-        try:
-            sock = socket.create_connection((self.host, self.port), timeout=timeout)
-        except OSError as exc:
-            raise NodeUnreachableError(
-                self.address, f"cannot connect within {timeout:g} s: {_os_reason(exc)}"
-            ) from None
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        if not self.tls:
-            return sock
-        context = self.options.tls.context()
-        try:
-            return context.wrap_socket(sock, server_hostname=self.host)
-        except ssl.SSLCertVerificationError as exc:
-            sock.close()
-            raise TlsError(
-                self.address, f"certificate not trusted: {exc.verify_message or exc.reason}"
-            ) from None
-        except (ssl.SSLError, OSError) as exc:
-            sock.close()
-            raise TlsError(self.address, f"TLS handshake failed: {_os_reason(exc)}") from None
-
-    def _handshake(self) -> None:
-        opts = self.options
-        hello = self._call_sync(Hello(self.name, tuple(int(f) for f in REQUESTED_FEATURES)))
-        self._expect_success(hello, "HELLO")
-        self.hello_features = frozenset(hello_features_of(hello))
-        if HelloFeature.SELECT_BUCKET not in self.hello_features:
-            raise ProtocolError(
-                f"{self.address}: the node did not agree to SELECT_BUCKET", opcode=Opcode.HELLO
-            )
-        mechanisms = self._call_sync(SaslListMechs())
-        self._expect_success(mechanisms, "SASL_LIST_MECHS")
-        self.sasl_mechanism = authenticate(
-            self._sasl_roundtrip,
-            self._credentials,
-            sasl_mechanisms_of(mechanisms),
-            node=self.address,
-            tls=self.tls,
-            allow_plain_over_tcp=opts.allow_plain_over_tcp,
-            requested=opts.sasl_mechanism,
-        )
-        selected = self._call_sync(SelectBucket(self.bucket))
-        if selected.status in (Status.NO_BUCKET, Status.EACCESS, Status.KEY_ENOENT):
-            raise BucketNotFoundError(
-                self.address,
-                f"bucket {self.bucket!r} does not exist or user "
-                f"{self._credentials.username!r} may not access it ({selected.status_name})",
-            )
-        self._expect_success(selected, "SELECT_BUCKET")
-        config = self._call_sync(GetClusterConfig())
-        self._expect_success(config, "GET_CLUSTER_CONFIG")
-        self.cluster_config = response_value(config)
-        flags = DcpOpenFlags.PRODUCER | DcpOpenFlags.INCLUDE_DELETE_TIMES
-        if opts.include_xattrs and HelloFeature.XATTR in self.hello_features:
-            flags |= DcpOpenFlags.INCLUDE_XATTRS
-        opened = self._call_sync(DcpOpen(self.name, flags))
-        if opened.status == Status.EACCESS:
-            raise AuthenticationError(
-                self.address,
-                f"user {self._credentials.username!r} may not open DCP on bucket "
-                f"{self.bucket!r}: it needs the Data DCP Reader role",
-            )
-        self._expect_success(opened, "DCP_OPEN")
-        self.features = ConnectionFeatures.negotiated(self.hello_features, int(flags))
-        self.accepted_controls = frozenset(self._send_controls())
-
-    def _send_controls(self) -> list[str]:
-        opts = self.options
-        required = [
-            ("connection_buffer_size", str(opts.flow_control_window)),
-            ("enable_noop", "true"),
-            ("set_noop_interval", str(opts.noop_interval)),
-        ]
-        optional = []
-        if opts.enable_expiry_opcode:
-            optional.append(("enable_expiry_opcode", "true"))
-        optional.append(("send_stream_end_on_client_close_stream", "true"))
-        if opts.request_marker_v2_2 and self.features.collections:
-            optional.append(("max_marker_version", "2.2"))
-        if opts.change_streams and self.features.collections:
-            optional.append(("change_streams", "true"))
-        accepted = []
-        for key, value in required + optional:
-            reply = self._call_sync(DcpControl(key, value))
-            if reply.status == Status.SUCCESS:
-                accepted.append(key)
-            elif (key, value) in optional and reply.status in OPTIONAL_CONTROL_REFUSALS:
-                log.info(
-                    "%s: producer refused optional control %s (%s)",
-                    self.address,
-                    key,
-                    reply.status_name,
-                )
-            else:
-                raise ProtocolError(
-                    f"{self.address}: DCP_CONTROL {key}={value} refused: {_describe(reply)}",
-                    opcode=Opcode.DCP_CONTROL,
-                )
-        return accepted
-
-    def _sasl_roundtrip(self, opcode: int, mechanism: bytes, payload: bytes) -> tuple[int, bytes]:
-        request: ClientRequest
-        if opcode == Opcode.SASL_AUTH:
-            request = SaslAuth(mechanism.decode(), payload)
-        else:
-            request = SaslStep(mechanism.decode(), payload)
-        reply = self._call_sync(request)
-        return int(reply.status), reply.value
-
-    def _expect_success(self, reply: Response, what: str) -> None:
-        if reply.status != Status.SUCCESS:
-            raise ProtocolError(
-                f"{self.address}: {what} failed: {_describe(reply)}", opcode=reply.opcode
-            )
-
-    def _call_sync(self, request: ClientRequest) -> Response:
-        """Handshake round trip on the still-blocking socket."""
-        sock = self._sock
-        assert sock is not None
-        request = dataclasses.replace(request, opaque=next_opaque())
-        what = type(request).__name__
-        deadline = time.monotonic() + self.options.request_timeout
-        try:
-            sock.settimeout(self.options.request_timeout)
-            sock.sendall(encode_request(request))
-            while True:
-                while self._early_frames:
-                    frame = self._early_frames.popleft()
-                    if frame.magic in (Magic.RESPONSE, Magic.FLEX_RESPONSE):
-                        if frame.opaque == request.opaque:
-                            return decode_response(frame)
-                        continue  # a reply nobody waits for any more
-                    if frame.magic == Magic.SERVER_REQUEST:
-                        continue  # map pushes before the map is even fetched
-                    raise ProtocolError(
-                        f"{self.address}: unexpected frame during the handshake",
-                        opcode=frame.opcode,
-                    )
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise TimeoutError
-                sock.settimeout(remaining)
-                data = sock.recv(_READ_CHUNK)
-                if not data:
-                    raise ConnectionLostError(
-                        self.address, f"the node closed the connection during {what}"
-                    )
-                self._early_frames.extend(self._reader.feed(data))
-        except TimeoutError:
-            raise ConnectionLostError(
-                self.address, f"no reply to {what} within {self.options.request_timeout:g} s"
-            ) from None
-        except ssl.SSLError as exc:
-            raise TlsError(self.address, f"TLS error during {what}: {exc}") from None
-        except OSError as exc:
-            raise ConnectionLostError(
-                self.address, f"connection broke during {what}: {_os_reason(exc)}"
-            ) from None
+        self._socket.wake()
 
     # --- the I/O thread ------------------------------------------------------------------
 
     def _run(self) -> None:
-        sock = self._sock
+        sock = self._socket.sock
         assert sock is not None
+        wake_reader = self._socket.wake_reader
         # From here on data messages go into columns (the features are final now).
         self._columns = DocumentColumns(self.features)
         self._reader.sink = self._columns
         selector = selectors.DefaultSelector()
         try:
-            selector.register(self._wake_r, selectors.EVENT_READ)
+            selector.register(wake_reader, selectors.EVENT_READ)
             selector.register(sock, selectors.EVENT_READ)
             writing = False
             more_to_read = bool(self._early_frames)
             while not self._closed.is_set():
                 timeout = 0.0 if more_to_read else self._next_timer()
                 for key, _ in selector.select(timeout):
-                    if key.fileobj is self._wake_r:
-                        self._drain_wake()
+                    if key.fileobj is wake_reader:
+                        self._socket.drain_wake()
                 while self._early_frames and not self._closed.is_set():
                     self._dispatch(self._early_frames.popleft())
                 self._deliver()
-                more_to_read = self._read_available(sock)
+                more_to_read = self._read_available()
                 self._check_liveness()  # may queue a probe: before the flush
-                blocked = self._flush(sock)
+                blocked = self._socket.flush()
                 if blocked != writing:
                     events = selectors.EVENT_READ | (selectors.EVENT_WRITE if blocked else 0)
                     selector.modify(sock, events)
@@ -646,7 +355,7 @@ class NodeConnection:
         finally:
             selector.close()
             if self._closed.is_set():
-                self._close_sockets()
+                self._socket.close()
 
     def _next_timer(self) -> float:
         idle = time.monotonic() - self._last_received
@@ -656,26 +365,14 @@ class NodeConnection:
             until = min(until, dead_after / 2 - idle)
         return max(0.0, min(until, _MAX_TICK))
 
-    def _drain_wake(self) -> None:
-        with contextlib.suppress(OSError):
-            while self._wake_r.recv(4096):
-                pass
-
-    def _read_available(self, sock: socket.socket) -> bool:
+    def _read_available(self) -> bool:
         """Read and dispatch what is there; True when more may be waiting (stopped early)."""
         for _ in range(_READS_PER_TURN):
             if self._closed.is_set():
                 return False
-            try:
-                data = sock.recv(_READ_CHUNK)
-            except (BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
+            data = self._socket.receive()
+            if data is None:
                 return False
-            except InterruptedError:
-                continue
-            except OSError as exc:
-                raise ConnectionLostError(self.address, f"read failed: {_os_reason(exc)}") from None
-            if not data:
-                raise ConnectionLostError(self.address, "the node closed the connection")
             self._last_received = time.monotonic()
             # A ProtocolError stops the connection: the frames after a bad one are never
             # dispatched, those before it are delivered first (as they would be one by one).
@@ -701,27 +398,6 @@ class NodeConnection:
         self._undelivered.append((run.changes, run.opaque, run.size))
         self._undelivered_bytes += run.size
 
-    def _flush(self, sock: socket.socket) -> bool:
-        """Send queued bytes; True when the socket would block (wait for writability)."""
-        with self._lock:
-            while self._outbound:
-                self._send_buffer += self._outbound.popleft()
-        while self._send_buffer:
-            try:
-                sent = sock.send(self._send_buffer)
-            except (BlockingIOError, ssl.SSLWantWriteError):
-                return True
-            except ssl.SSLWantReadError:
-                return False
-            except InterruptedError:
-                continue
-            except OSError as exc:
-                raise ConnectionLostError(
-                    self.address, f"write failed: {_os_reason(exc)}"
-                ) from None
-            del self._send_buffer[:sent]
-        return False
-
     def _check_liveness(self) -> None:
         idle = time.monotonic() - self._last_received
         dead_after = self.options.dead_after
@@ -735,8 +411,8 @@ class NodeConnection:
             probe = Noop(opaque=next_opaque())
             self._probe_opaque = probe.opaque
             with self._lock:
-                self._pending[probe.opaque] = _Pending(probe, Future(), self._probe_answered)
-                self._outbound.append(encode_request(probe))
+                self._pending.add(PendingRequest(probe, Future(), self._probe_answered))
+                self._socket.queue(encode_request(probe))
 
     def _probe_answered(self, response: Response) -> None:
         self._probe_opaque = None
@@ -786,7 +462,7 @@ class NodeConnection:
 
     def _on_response(self, response: Response) -> None:
         with self._lock:
-            entry = self._pending.pop(response.opaque, None)
+            entry = self._pending.match(response)
         if entry is None:
             log.debug("%s: reply with unknown opaque %d ignored", self.address, response.opaque)
             return
@@ -795,10 +471,7 @@ class NodeConnection:
             self._open_streams.add(request.vbucket)
         elif isinstance(request, CloseStream):
             self._open_streams.discard(request.vbucket)
-        if entry.on_response is not None:
-            entry.on_response(response)
-        if not entry.future.done():
-            entry.future.set_result(response)
+        entry.complete(response)
 
     def _fail(self, error: ReplicatorError) -> None:
         with self._lock:
@@ -806,51 +479,12 @@ class NodeConnection:
             self._closed.set()
             if not deliberate:
                 self._lost = error
-            pending = list(self._pending.values())
-            self._pending.clear()
-        self._close_sockets()
+            pending = self._pending.take_all()
+        self._socket.close()
         for entry in pending:
-            if not entry.future.done():
-                entry.future.set_exception(error)
+            entry.fail(error)
         if deliberate:
             return
         log.warning("%s: connection lost: %s", self.address, error)
         if self._listener is not None:
             self._listener.on_connection_lost(self, error)
-
-    def _close_sockets(self) -> None:
-        sock = self._sock
-        if sock is not None:
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
-            with contextlib.suppress(OSError):
-                sock.close()
-        for end in (self._wake_r, self._wake_w):
-            with contextlib.suppress(OSError):
-                end.close()
-
-
-def response_value(response: Response) -> bytes:
-    """A reply's value, decompressed when the node sent it snappy-compressed."""
-    if response.datatype & Datatype.SNAPPY:
-        return decompress_value(response.value, opcode=response.opcode)
-    return response.value
-
-
-def _describe(reply: Response) -> str:
-    """Status name plus the node's XERROR context, when it sent one."""
-    text = reply.status_name
-    if reply.value and reply.datatype & Datatype.JSON:
-        try:
-            context = json.loads(response_value(reply)).get("error", {}).get("context")
-        except (ValueError, AttributeError, ProtocolError):
-            context = None
-        if context:
-            text += f" ({str(context)[:200]})"
-    return text
-
-
-def _os_reason(exc: BaseException) -> str:
-    if isinstance(exc, OSError) and exc.strerror:
-        return exc.strerror
-    return str(exc) or type(exc).__name__
