@@ -27,12 +27,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from replicator.delta.conflicts import is_concurrent_modification
 from replicator.delta.table import (
     MirrorTable,
     delta_snapshot,
     delta_write_confs,
     engine_error_summary,
-    is_concurrent_modification,
 )
 
 if TYPE_CHECKING:
@@ -93,7 +93,7 @@ def compacted_partitions(layout: DataLayout, vbuckets: Iterable[int]) -> list[in
 
     >>> from replicator.delta.schema import DataLayout
     >>> compacted_partitions(DataLayout(64), range(32, 200))
-    [1, 2]
+    [1, 2, 3]
     >>> compacted_partitions(DataLayout(None), [4, 9])
     [4, 9]
     """

@@ -31,46 +31,38 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlparse
 
-import pyarrow as pa
-
-from replicator.delta.checkpoints import CheckpointsTable
-from replicator.delta.ownership import OwnerClaim, OwnersTable
-from replicator.delta.schema import (
-    CHANGE_SCHEMA,
-    COMMIT,
-    DATA_COLUMNS,
-    DELETE,
-    UPSERT,
-    CommitMetadata,
-    txn_app_id,
+from replicator.delta.changes import (
+    change_rows,
+    dropped_collection_rows,
+    replacement_changes,
+    union_frames,
 )
-from replicator.delta.table import (
+from replicator.delta.checkpoints import CheckpointsTable
+from replicator.delta.conflicts import (
     FENCING_CONFLICTS,
     RETRIED_CONFLICTS,
+    ConflictRetry,
+    delta_conflict_name,
+    retry_on_conflict,
+)
+from replicator.delta.ownership import OwnerClaim, OwnersTable
+from replicator.delta.schema import COMMIT, DATA_COLUMNS, CommitMetadata, txn_app_id
+from replicator.delta.table import (
     SESSION_WRITE_LOCK,
     CommitRecord,
-    ConflictRetry,
     MirrorTable,
-    delta_conflict_name,
     delta_snapshot,
     delta_write_confs,
     engine_error_summary,
     last_commit_version,
     now_utc,
     reset_last_commit_version,
-    retry_on_conflict,
 )
 from replicator.errors import OwnershipConflict, ReplicatorError
 from replicator.model.positions import VbucketPosition
-from replicator.planning.planner import (
-    CommitBatch,
-    VbucketCommit,
-    deduplicate_changes,
-    history_revisions,
-)
-from replicator.staging.rows import CHANGE_SCHEMA as ARROW_CHANGE_SCHEMA
+from replicator.planning.planner import CommitBatch, VbucketCommit, history_revisions
+from replicator.staging.rows import DELETE, UPSERT
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -243,7 +235,7 @@ class CommitExecutor:
 
         def write(metadata: CommitMetadata) -> None:
             current = self.mirror.read().where(self.mirror.data_layout.predicate([vbucket]))
-            self._merge_source(_replacement_changes(current, wanted), [vbucket], metadata)
+            self._merge_source(replacement_changes(current, wanted), [vbucket], metadata)
 
         return self._commit(
             batch_id, 0, kind, WriteStrategy.REPLACE, {vbucket: position}, write, details=details,
@@ -251,45 +243,8 @@ class CommitExecutor:
         )
 
     def change_rows(self, commits: Sequence[VbucketCommit]) -> DataFrame:
-        """The staged changes of `commits`, one row per document (its highest seqno).
-
-        Rows of collections dropped in the batch are left out: collection ids are never reused,
-        and the dropped collection's rows are removed as a whole.
-        """
-        # One DataFrame per source, not per vbucket: each createDataFrame or file scan is a
-        # fixed cost, and a union of hundreds of them plans and schedules slowly. Likewise one
-        # concatenation and one deduplication for all in-memory vbuckets. Rows of a single
-        # snapshot without duplicate keys need no deduplication (an initial load's are).
-        repeating: list[pa.Table] = []
-        unique: list[pa.Table] = []
-        spilled: dict[bool, tuple[list[pa.Table], list[str]]] = {False: ([], []), True: ([], [])}
-        for commit in commits:
-            if commit.spill_files:
-                tables, files = spilled[commit.unique_keys]
-                tables.extend(commit.tables)
-                files.extend(commit.spill_files)
-            else:
-                (unique if commit.unique_keys else repeating).extend(commit.tables)
-        frames: list[DataFrame] = []
-        in_memory = _concat([deduplicate_changes(_concat(repeating)), *unique])
-        if in_memory.num_rows:
-            frames.append(self._frame_of(in_memory))
-        for unique_keys, (tables, files) in spilled.items():
-            if not files:
-                continue
-            parts = [self.spark.read.schema(CHANGE_SCHEMA).parquet(*_uris(files))]
-            in_memory_part = _concat(tables)
-            if in_memory_part.num_rows:
-                parts.append(self._frame_of(in_memory_part))
-            frame = _union(parts)
-            frames.append(frame if unique_keys else _latest_per_document(frame))
-        if not frames:
-            return self.spark.createDataFrame([], CHANGE_SCHEMA)
-        changes = _union(frames)
-        for commit in commits:
-            if commit.dropped_collection_ids:
-                changes = changes.where(_not_in_dropped(commit))
-        return changes
+        """The staged changes of `commits`, one row per document (see changes.change_rows)."""
+        return change_rows(self.spark, commits)
 
     def _history_of(
         self, commits: Sequence[VbucketCommit], *, rollback: tuple[int, int] | None = None
@@ -313,16 +268,6 @@ class CommitExecutor:
 
         return append
 
-    def _frame_of(self, table: pa.Table) -> DataFrame:
-        """A DataFrame of staged rows whose Spark partitions each hold a run of vbuckets.
-
-        Spark makes one partition per Arrow record batch, and staging leaves thousands of small
-        ones; sorted and rebatched, each partition writes few vbucket directories, so a commit
-        writes about one file per vbucket instead of one per vbucket per batch.
-        """
-        ordered = table.sort_by([("vbucket", "ascending")]).combine_chunks()
-        return self.spark.createDataFrame(ordered, CHANGE_SCHEMA)
-
     # -- strategies -------------------------------------------------------------------------
 
     def _append(self, commits: Sequence[VbucketCommit], metadata: CommitMetadata) -> None:
@@ -345,7 +290,9 @@ class CommitExecutor:
             )
 
     def _merge(self, commits: Sequence[VbucketCommit], metadata: CommitMetadata) -> None:
-        source = _union([self.change_rows(commits), *self._dropped_collection_rows(commits)])
+        source = union_frames(
+            [self.change_rows(commits), *dropped_collection_rows(self.mirror, commits)]
+        )
         self._merge_source(source, [c.vbucket for c in commits], metadata)
 
     def _merge_source(
@@ -372,29 +319,6 @@ class CommitExecutor:
                 .whenNotMatchedInsert(condition=f"s.op = '{UPSERT}'", values=columns)
                 .execute()
             )
-
-    def _dropped_collection_rows(self, commits: Sequence[VbucketCommit]) -> list[DataFrame]:
-        """Delete rows for every stored document of the collections the batch dropped.
-
-        DCP sends no deletions for a dropped collection's documents. Only this owner writes
-        these vbuckets, so the rows read here are the ones the MERGE will see.
-        """
-        from pyspark.sql import functions as F
-
-        frames = []
-        for commit in commits:
-            if not commit.dropped_collection_ids:
-                continue
-            dropped = sorted(set(commit.dropped_collection_ids))
-            stored = (
-                self.mirror.read()
-                .where(self.mirror.data_layout.predicate([commit.vbucket]))
-                .where(F.col("collection_id").isin(dropped))
-            )
-            frames.append(
-                stored.withColumn("op", F.lit(DELETE)).select(*CHANGE_SCHEMA.fieldNames())
-            )
-        return frames
 
     # -- the commit protocol ----------------------------------------------------------------
 
@@ -502,21 +426,18 @@ class CommitExecutor:
                 action, what=what, policy=self.conflict_retry, before_retry=before_retry,
                 pause=self._pause,
             )
-        except Exception as exc:
-            conflict = delta_conflict_name(exc)
-            if conflict in FENCING_CONFLICTS:
-                raise OwnershipConflict(
-                    f"{what}: another process committed with owner id "
-                    f"{self.claim.owner_id!r} at the same time ({conflict}); two "
-                    "replicators own the same vbuckets. Stop one of them"
-                ) from exc
-            if conflict in RETRIED_CONFLICTS:
-                raise CommitFailed(
-                    f"{what}: still conflicting with concurrent commits after "
-                    f"{self.conflict_retry.attempts} attempts ({conflict}); is something else "
-                    "(OPTIMIZE, another writer) rewriting these vbuckets' partitions?"
-                ) from exc
-            raise
+        except FENCING_CONFLICTS as exc:
+            raise OwnershipConflict(
+                f"{what}: another process committed with owner id "
+                f"{self.claim.owner_id!r} at the same time ({delta_conflict_name(exc)}); two "
+                "replicators own the same vbuckets. Stop one of them"
+            ) from exc
+        except RETRIED_CONFLICTS as exc:
+            raise CommitFailed(
+                f"{what}: still conflicting with concurrent commits after "
+                f"{self.conflict_retry.attempts} attempts ({delta_conflict_name(exc)}); is "
+                "something else (OPTIMIZE, another writer) rewriting these vbuckets' partitions?"
+            ) from exc
 
     def _step(self, name: str) -> None:
         if self._fault_hook is not None:
@@ -552,75 +473,3 @@ def _data_commit(record: CommitRecord, strategy: WriteStrategy, already: bool) -
         positions=dict(metadata.positions),
         already_committed=already,
     )
-
-
-def _concat(tables: Iterable[pa.Table]) -> pa.Table:
-    parts = [t.cast(ARROW_CHANGE_SCHEMA) if t.schema != ARROW_CHANGE_SCHEMA else t for t in tables]
-    if not parts:
-        return ARROW_CHANGE_SCHEMA.empty_table()
-    return pa.concat_tables(parts)
-
-
-def _union(frames: Sequence[DataFrame]) -> DataFrame:
-    result = frames[0]
-    for frame in frames[1:]:
-        result = result.unionByName(frame)
-    return result
-
-
-def _replacement_changes(current: DataFrame, wanted: DataFrame) -> DataFrame:
-    """The change rows that turn `current` (one vbucket's rows) into `wanted` (pure plan).
-
-    Upserts of wanted rows that are new or differ (by seqno and cas: a seqno names one change
-    on a vbucket's history), deletes of current rows whose document `wanted` lacks.
-    """
-    from pyspark.sql import functions as F
-
-    document = ["collection_id", "key"]
-    stored = current.select(
-        *document, F.col("seqno").alias("_seqno"), F.col("cas").alias("_cas")
-    )
-    upserts = (
-        wanted.join(stored, document, "left")
-        .where(
-            F.col("_seqno").isNull()
-            | (F.col("_seqno") != F.col("seqno"))
-            | (F.col("_cas") != F.col("cas"))
-        )
-        .withColumn("op", F.lit(UPSERT))
-    )
-    deletes = current.join(wanted.select(*document), document, "left_anti").withColumn(
-        "op", F.lit(DELETE)
-    )
-    names = CHANGE_SCHEMA.fieldNames()
-    return upserts.select(*names).unionByName(deletes.select(*names))
-
-
-def _latest_per_document(changes: DataFrame) -> DataFrame:
-    """Spark twin of deduplicate_changes, for rows that live in spill files."""
-    from pyspark.sql import Window
-    from pyspark.sql import functions as F
-
-    newest_first = Window.partitionBy("vbucket", "collection_id", "key").orderBy(
-        F.col("seqno").desc()
-    )
-    # Partitioned by vbucket alone (which the window accepts), each task holds whole vbuckets
-    # and writes one file for each, not one per vbucket per shuffle partition.
-    return (
-        changes.repartition("vbucket")
-        .withColumn("_rank", F.row_number().over(newest_first))
-        .where(F.col("_rank") == 1)
-        .drop("_rank")
-    )
-
-
-def _not_in_dropped(commit: VbucketCommit) -> Any:
-    from pyspark.sql import functions as F
-
-    dropped = sorted(set(commit.dropped_collection_ids))
-    return (F.col("vbucket") != commit.vbucket) | ~F.col("collection_id").isin(dropped)
-
-
-def _uris(paths: Iterable[str]) -> list[str]:
-    """Spill files are written by the driver's local filesystem: say so to Hadoop."""
-    return [path if urlparse(path).scheme else f"file://{path}" for path in paths]

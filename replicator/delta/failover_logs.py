@@ -16,8 +16,9 @@ from datetime import datetime
 from decimal import Decimal
 from typing import TYPE_CHECKING
 
+from replicator.delta.conflicts import retry_on_conflict
 from replicator.delta.schema import FAILOVER_LOG_SCHEMA
-from replicator.delta.table import SESSION_WRITE_LOCK, MirrorTable, now_utc, retry_on_conflict
+from replicator.delta.table import SESSION_WRITE_LOCK, MirrorTable, now_utc
 from replicator.model.positions import FailoverLog
 
 if TYPE_CHECKING:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
+from replicator.delta.conflicts import retry_on_conflict
 from replicator.delta.schema import HISTORY_SCHEMA, ROLLBACK_OP, MirrorConfig
 from replicator.delta.table import (
     SESSION_WRITE_LOCK,
@@ -21,7 +22,6 @@ from replicator.delta.table import (
     create_if_missing,
     has_commits,
     now_utc,
-    retry_on_conflict,
 )
 from replicator.staging.rows import CHANGE_SCHEMA
 

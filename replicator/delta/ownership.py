@@ -24,17 +24,16 @@ from typing import TYPE_CHECKING, Any
 from pyspark.sql.types import StringType, StructField, StructType
 
 from replicator.config import vbucket_ranges
+from replicator.delta.conflicts import is_concurrent_modification, retry_on_conflict
 from replicator.delta.schema import OWNER_SCHEMA
 from replicator.delta.table import (
     MirrorTable,
     as_utc,
     delta_write_confs,
     engine_error_summary,
-    is_concurrent_modification,
     last_commit_version,
     now_utc,
     reset_last_commit_version,
-    retry_on_conflict,
     table_version,
 )
 from replicator.errors import OwnershipConflict

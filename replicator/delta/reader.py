@@ -1,5 +1,8 @@
 """Reading a mirror's tables without writing them: one interface, two engines.
 
+One module past 500 lines on purpose: the protocol and its two engines must answer every
+question alike, and that is checked by reading them side by side.
+
 The read-side commands (`status`, `verify`, `audit`) need a table's properties, its history, its
 rows at a version, its change feed and a few small tables beside it. delta-rs
 (`deltalake`) reads those in milliseconds without a JVM; Spark needs a JVM start and a job per

@@ -17,20 +17,17 @@ from datetime import datetime, timedelta
 from replicator.delta.checkpoints import Checkpoint
 from replicator.delta.executor import CommitExecutor, CommitFailed, DataCommit
 from replicator.delta.failover_logs import FailoverLogsTable
-from replicator.delta.schema import DATA_COLUMNS, RESYNC, ROLLBACK, UPSERT
-from replicator.delta.table import MirrorTable, engine_error_summary, now_utc, path_exists
+from replicator.delta.schema import DATA_COLUMNS, RESYNC, ROLLBACK
+from replicator.delta.table import (
+    MirrorTable,
+    engine_error_summary,
+    is_unreadable_version,
+    now_utc,
+    path_exists,
+)
 from replicator.model.positions import FailoverLog, VbucketPosition
 from replicator.planning.planner import VbucketCommit
-
-_UNREADABLE_MARKERS = (
-    "FILE_NOT_EXIST",
-    "FileNotFoundException",
-    "DELTA_FILE_NOT_FOUND",
-    "Cannot time travel",
-    "VERSION_NOT_FOUND",
-    "VersionNotFound",
-    "DELTA_TIME_TRAVEL",
-)
+from replicator.staging.rows import UPSERT
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,7 +189,7 @@ def rollback_vbucket(
         )
         missing = [f for f in old_rows.inputFiles() if not path_exists(mirror.spark, f)]
     except Exception as exc:
-        if not _unreadable(exc):
+        if not is_unreadable_version(exc):
             raise
         return _resync_needed(vbucket, boundary, engine_error_summary(exc))
     if missing:
@@ -203,7 +200,7 @@ def rollback_vbucket(
             history_marker=boundary.seqno,
         )
     except CommitFailed as exc:
-        if not _unreadable(exc):
+        if not is_unreadable_version(exc):
             raise
         return _resync_needed(vbucket, boundary, str(exc))
     FailoverLogsTable.of(mirror).save({vbucket: failover_log})
@@ -240,14 +237,3 @@ def _resync_needed(vbucket: int, boundary: Checkpoint, why: str) -> RollbackOutc
         f"can no longer be read: {why}; stream the vbucket again from 0"
     )
     return RollbackOutcome(vbucket, VbucketPosition.beginning(vbucket), None, reason)
-
-
-def _unreadable(exc: BaseException) -> bool:
-    """The error says an old version's log or files are gone (not some other failure)."""
-    seen: BaseException | None = exc
-    while seen is not None:
-        text = engine_error_summary(seen) + " " + str(seen)[:2000]
-        if any(marker in text for marker in _UNREADABLE_MARKERS):
-            return True
-        seen = seen.__cause__
-    return False

@@ -29,6 +29,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from replicator.errors import NotAMirrorError
 from replicator.model.positions import VbucketPosition
 
 FORMAT_VERSION = 1
@@ -49,9 +50,6 @@ vbuckets writes about one file per partition it touches, and 1024 partitions mad
 cost 64-84 s where 16 cost 7-10 s; 16 also lets 2, 4, 8 or 16 shards own whole partitions."""
 
 METADATA_DIR = "_replicator"
-
-UPSERT = "upsert"
-DELETE = "delete"
 
 U64 = DecimalType(20, 0)
 """vbucket uuids are unsigned 64-bit: no Spark integer type holds them."""
@@ -247,6 +245,35 @@ class MirrorLayout:
     def staging(self) -> str:
         """Spill files of the snapshots layer (not a Delta table)."""
         return self._child("staging")
+
+
+def check_mirror_properties(
+    path: str, properties: Mapping[str, str], *, bucket: str | None = None, writing: bool = False
+) -> str:
+    """The bucket the data table at `path` mirrors, from its table properties (pure).
+
+    NotAMirrorError when they mark no replicator mirror, one in another format, or (given
+    `bucket`) another bucket's. Writers and read-only commands share these checks; a writer's
+    (`writing`) messages also say what to do instead.
+    """
+    mirrored, layout_format = properties.get(BUCKET_PROPERTY), properties.get(FORMAT_PROPERTY)
+    if mirrored is None or layout_format is None:
+        instead = "; point the mirror at a new or empty directory" if writing else ""
+        raise NotAMirrorError(
+            f"{path} is a Delta table but not a replicator mirror (no {BUCKET_PROPERTY} / "
+            f"{FORMAT_PROPERTY} properties){instead}"
+        )
+    if layout_format != str(FORMAT_VERSION):
+        raise NotAMirrorError(
+            f"{path} is a mirror in format {layout_format}; this replicator "
+            f"{'writes' if writing else 'reads'} format {FORMAT_VERSION}"
+        )
+    if bucket is not None and mirrored != bucket:
+        instead = "; each bucket needs its own target path" if writing else ""
+        raise NotAMirrorError(
+            f"{path} is the mirror of bucket {mirrored!r}, not of {bucket!r}{instead}"
+        )
+    return mirrored
 
 
 def vbucket_group_width(num_vbuckets: int) -> int:

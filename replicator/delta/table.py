@@ -1,5 +1,9 @@
 """The mirror on storage: open or create it, read its history, write to it safely.
 
+One module past 500 lines on purpose: the handle, the creation and validation of the tables and
+the log probes both rest on are one concern, the mirror's storage (conflicts and their retries
+are in conflicts.py).
+
 `open_or_create` is the one entry point: it creates the data table and the replicator's own
 tables at a fresh path, and refuses (NotAMirrorError) a path that holds anything else. Engine
 errors on the way become errors.* with a one-line cause, never a JVM stack trace.
@@ -9,20 +13,18 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import random
 import threading
-import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
+from replicator.delta.conflicts import ConflictRetry, retry_on_conflict
 from replicator.delta.schema import (
     BUCKET_PROPERTY,
     CHECKPOINT_SCHEMA,
     DATA_SCHEMA,
     FAILOVER_LOG_SCHEMA,
-    FORMAT_PROPERTY,
     FORMAT_VERSION,
     GROUP_WIDTH_PROPERTY,
     METADATA_DIR,
@@ -32,6 +34,7 @@ from replicator.delta.schema import (
     DataLayout,
     MirrorConfig,
     MirrorLayout,
+    check_mirror_properties,
 )
 from replicator.errors import ConfigError, NotAMirrorError
 
@@ -40,7 +43,6 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
-T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 TXN_APP_ID_CONF = "spark.databricks.delta.write.txnAppId"
@@ -102,91 +104,31 @@ def engine_error_summary(exc: BaseException) -> str:
     return first[:500]
 
 
-RETRIED_CONFLICTS = (
-    "ConcurrentAppendException",
-    "ConcurrentDeleteReadException",
-    "ConcurrentDeleteDeleteException",
-    "ConcurrentWriteException",
-    "MetadataChangedException",
-    "ProtocolChangedException",
+UNREADABLE_VERSION_MARKERS = (
+    "FILE_NOT_EXIST",
+    "FileNotFoundException",
+    "DELTA_FILE_NOT_FOUND",
+    "VERSION_NOT_FOUND",
+    "VersionNotFound",
+    "Cannot time travel",
+    "DELTA_TIME_TRAVEL",
+    "DELTA_CHANGE_DATA_FILE_NOT_FOUND",
 )
-"""Delta's refusals of a commit after another writer committed first, safe to retry: the
-write is recomputed from the new table version (a MERGE re-reads its target rows, an append
-or replaceWhere only ever holds this owner's vbuckets)."""
-
-FENCING_CONFLICTS = ("ConcurrentTransactionException",)
-"""Another process committed with our txnAppId at the same time: two writers share an owner
-id, which fencing must have prevented. Never retried."""
+"""What the engines' errors say when an old version's log entries, data files or change data
+are gone (VACUUM or log cleanup): rollback then resyncs, and the audit says which versions are
+still readable."""
 
 
-def delta_conflict_name(exc: BaseException) -> str | None:
-    """The Delta concurrency exception class `exc` is (e.g. ConcurrentAppendException), or None."""
-    summary = engine_error_summary(exc)
-    for name in (*RETRIED_CONFLICTS, *FENCING_CONFLICTS, "DeltaConcurrentModificationException"):
-        if name in summary or type(exc).__name__ == name:
-            return name
-    return None
-
-
-def is_concurrent_modification(exc: BaseException) -> bool:
-    """True when Delta refused a commit because another writer committed first."""
-    from delta.exceptions import DeltaConcurrentModificationException
-
-    if isinstance(exc, DeltaConcurrentModificationException):
-        return True
-    return delta_conflict_name(exc) is not None
-
-
-@dataclass(frozen=True, slots=True)
-class ConflictRetry:
-    """Bounded retries with exponential backoff (and jitter, so shards do not retry in step)."""
-
-    attempts: int = 6
-    first_backoff_s: float = 0.2
-    max_backoff_s: float = 5.0
-
-    def __post_init__(self) -> None:
-        if self.attempts < 1:
-            raise ValueError(f"attempts must be at least 1, got {self.attempts}")
-        if self.first_backoff_s < 0 or self.max_backoff_s < self.first_backoff_s:
-            raise ValueError("backoffs must satisfy 0 <= first_backoff_s <= max_backoff_s")
-
-    def backoff_s(self, attempt: int, *, jitter: float = 1.0) -> float:
-        """Seconds to wait after failed attempt number `attempt` (from 1); `jitter` in [0.5, 1]."""
-        return float(min(self.max_backoff_s, self.first_backoff_s * 2 ** (attempt - 1)) * jitter)
-
-
-def retry_on_conflict(
-    action: Callable[[], T],
-    *,
-    what: str = "a commit",
-    policy: ConflictRetry = ConflictRetry(),
-    before_retry: Callable[[], None] | None = None,
-    pause: Callable[[float], None] = time.sleep,
-) -> T:
-    """Run `action`, again after a retryable Delta conflict (RETRIED_CONFLICTS), with backoff.
-
-    Every commit goes through here: shards share the unpartitioned owners and failover-log
-    tables, so their heartbeats and saves do collide, and a data commit can meet an OPTIMIZE.
-    `before_retry` runs before each new attempt (the executor re-checks its claim there). The
-    last attempt's exception, or any other one, propagates.
-    """
-    for attempt in range(1, policy.attempts + 1):
-        try:
-            return action()
-        except Exception as exc:
-            conflict = delta_conflict_name(exc)
-            if conflict not in RETRIED_CONFLICTS or attempt == policy.attempts:
-                raise
-            wait = policy.backoff_s(attempt, jitter=random.uniform(0.5, 1.0))
-            log.info(
-                "%s conflicted with a concurrent commit (%s); retry %d of %d in %.2fs",
-                what, conflict, attempt, policy.attempts - 1, wait,
-            )
-            pause(wait)
-            if before_retry is not None:
-                before_retry()
-    raise AssertionError("unreachable")
+def is_unreadable_version(exc: BaseException) -> bool:
+    """The error (or one it was raised from) says an old version's log or files are gone, not
+    some other failure."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        text = engine_error_summary(seen) + " " + str(seen)[:4000]
+        if any(marker in text for marker in UNREADABLE_VERSION_MARKERS):
+            return True
+        seen = seen.__cause__
+    return False
 
 
 @dataclass(frozen=True, slots=True)
@@ -448,23 +390,7 @@ def _validate_data_table(
 ) -> tuple[Mapping[str, str], DataLayout]:
     """Check that `path` is this bucket's mirror; return its properties and layout."""
     properties, partitioning = table_properties_and_partitioning(spark, path)
-    mirrored = properties.get(BUCKET_PROPERTY)
-    layout_format = properties.get(FORMAT_PROPERTY)
-    if mirrored is None or layout_format is None:
-        raise NotAMirrorError(
-            f"{path} is a Delta table but not a replicator mirror (no {BUCKET_PROPERTY} / "
-            f"{FORMAT_PROPERTY} properties); point the mirror at a new or empty directory"
-        )
-    if mirrored != config.bucket:
-        raise NotAMirrorError(
-            f"{path} is the mirror of bucket {mirrored!r}, not of {config.bucket!r}; "
-            "each bucket needs its own target path"
-        )
-    if layout_format != str(FORMAT_VERSION):
-        raise NotAMirrorError(
-            f"{path} is a mirror in format {layout_format}, this replicator writes format "
-            f"{FORMAT_VERSION}"
-        )
+    check_mirror_properties(path, properties, bucket=config.bucket, writing=True)
     return properties, _data_layout(path, properties, partitioning)
 
 

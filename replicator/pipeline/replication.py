@@ -1,5 +1,9 @@
 """The replication driver: DCP events in, Delta commits out, one vbucket's fate at a time.
 
+Over 500 lines on purpose: `Replication` is one state machine (streams, rollbacks, the commit
+in flight, the source checks) driven by one thread; split, its transitions would be spread
+over modules that all reach into the same state.
+
 One thread makes every decision: it polls the DCP client, stages events (then acknowledges them
 so the producer's flow-control window reopens), plans group commits, and handles rollbacks. The
 client's own threads only read sockets.
@@ -35,6 +39,7 @@ from replicator.dcp.protocol.events import (
     StreamOpened,
 )
 from replicator.errors import ConnectionLostError, ReplicatorError
+from replicator.model.mirror import RecoveredMirror, RollbackOutcome
 from replicator.model.positions import FailoverLog, VbucketPosition
 from replicator.pipeline.progress import ProgressReporter, ProgressSnapshot
 from replicator.pipeline.watchdog import SourceWatch, StreamWatchdog
@@ -46,7 +51,8 @@ from replicator.planning.planner import (
     plan_commit,
     stretched_for_slow_commits,
 )
-from replicator.staging.stager import StagedSnapshots, StreamStager
+from replicator.staging.stager import StagedSnapshots
+from replicator.staging.stream import StreamStager
 
 if TYPE_CHECKING:
     from replicator.dcp.cluster.client import DcpClient
@@ -67,29 +73,6 @@ SOURCE_CHECK_TIMEOUT_S = 5.0
 
 LOST_HISTORY_REASON = "source behind the mirror: lost history"
 """The rollback reason recorded when the producer has less than the mirror on the same history."""
-
-
-@dataclass(frozen=True, slots=True)
-class RollbackOutcome:
-    """Where the mirror's vbucket stands after the store handled a rollback request.
-
-    `full_resync`: the vbucket must be streamed again from 0 and its rows replaced in one
-    commit (rollback to 0, purge, or the old table version is beyond the time-travel horizon).
-    """
-
-    vbucket: int
-    position: VbucketPosition
-    full_resync: bool
-    table_version: int | None
-
-
-@dataclass(frozen=True, slots=True)
-class RecoveredMirror:
-    """The committed state a replication resumes from."""
-
-    positions: Mapping[int, VbucketPosition]
-    failover_logs: Mapping[int, FailoverLog]
-    next_batch_id: int
 
 
 class MirrorStore(Protocol):

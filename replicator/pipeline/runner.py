@@ -7,201 +7,36 @@ mirror of this bucket, writable), then ownership of the vbuckets.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
 from contextlib import ExitStack
-from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
 from replicator.config import ReplicatorConfig
-from replicator.dcp.cluster.client import ClientOptions, DcpClient
-from replicator.dcp.cluster.connstr import ConnectionString
-from replicator.dcp.transport.auth import Credentials, parse_sasl_mechanism
-from replicator.dcp.transport.connection import ConnectionOptions, TlsSettings
-from replicator.errors import ConfigError, UnsupportedCommandError
-from replicator.model.positions import FailoverLog, VbucketPosition
+from replicator.dcp.cluster.client import DcpClient
+from replicator.delta.store import DeltaMirrorStore
+from replicator.errors import ConfigError
+from replicator.model.aliases import FaultHook
 from replicator.pipeline.progress import ProgressReporter
-from replicator.pipeline.replication import (
-    RecoveredMirror,
-    Replication,
-    ReplicationSummary,
-    RollbackOutcome,
-    stop_on_signals,
-)
-from replicator.planning.planner import CommitBatch, CommitThresholds, without_vbucket
-from replicator.staging.rows import (
-    ChangeRowConverter,
-    CollectionRegistry,
-    collections_with_history,
-)
-from replicator.staging.stager import Stager, StreamStager
+from replicator.pipeline.replication import Replication, ReplicationSummary, stop_on_signals
+from replicator.planning.planner import CommitThresholds
+from replicator.source import check_source, connect_source
+from replicator.staging.collections import CollectionRegistry
+from replicator.staging.rows import ChangeRowConverter
+from replicator.staging.stager import Stager
+from replicator.staging.stream import StreamStager
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from replicator.delta.compaction import Compactor
     from replicator.delta.executor import CommitExecutor
-    from replicator.delta.ownership import OwnerClaim, OwnersTable
-    from replicator.delta.table import MirrorTable
 
 log = logging.getLogger(__name__)
-
-FaultHook = Callable[[str], None]
-
-
-class DeltaMirrorStore:
-    """The driver's view of the Delta layer: recover, commit, roll back, heartbeat.
-
-    Owns the batch counter: group commits, rollbacks and resyncs each take the next id, which
-    is the Delta txnVersion of their commits, so it only ever grows. After a group commit it
-    compacts the owner's partitions when due (`compactor`), on the same thread, so compaction
-    never races its own MERGEs.
-    """
-
-    def __init__(
-        self,
-        executor: CommitExecutor,
-        owners: OwnersTable,
-        claim: OwnerClaim,
-        *,
-        compactor: Compactor | None = None,
-    ) -> None:
-        self._executor = executor
-        self._owners = owners
-        self._claim = claim
-        self._compactor = compactor
-        self.next_batch_id = 1
-        self._resync_reasons: dict[int, str] = {}
-        """Why each vbucket awaiting a full resync needs it: recorded with its REPLACE commit."""
-
-    @property
-    def mirror(self) -> MirrorTable:
-        return self._executor.mirror
-
-    def recover(self, vbuckets: tuple[int, ...]) -> RecoveredMirror:
-        from replicator.delta.recovery import recover
-
-        state = recover(self.mirror, owner_id=self._claim.owner_id, vbuckets=vbuckets)
-        if state.repaired_versions:
-            log.info("repaired checkpoints of table versions %s from the table history",
-                     list(state.repaired_versions))
-        self.next_batch_id = state.next_batch_id
-        self._executor.new_batches_from = state.next_batch_id
-        if self._executor.history is not None:
-            # Rows of batches that never committed; their ids are used again from here.
-            self._executor.history.forget_uncommitted(self._claim.owner_id, state.next_batch_id)
-        return RecoveredMirror(state.positions, state.failover_logs, state.next_batch_id)
-
-    def save_failover_logs(self, logs: Mapping[int, FailoverLog]) -> None:
-        from replicator.delta.failover_logs import FailoverLogsTable
-
-        FailoverLogsTable.of(self.mirror).save(logs)
-
-    def commit(self, batch: CommitBatch, *, replace: frozenset[int]) -> int:
-        """Commit a planned batch; vbuckets in `replace` (resyncs) replace all their rows."""
-        from replicator.delta.rollback import replace_vbucket
-
-        steady = batch
-        for vbucket in sorted(replace & set(batch.vbuckets)):
-            steady = without_vbucket(steady, vbucket)
-        if not steady.is_empty:
-            self._executor.execute(dataclasses.replace(steady, batch_id=self.next_batch_id))
-            self.next_batch_id += 1
-        for vbucket in sorted(replace & set(batch.vbuckets)):
-            replace_vbucket(
-                self._executor, batch.commit_for(vbucket), batch_id=self.next_batch_id,
-                reason=self._resync_reasons.pop(vbucket, "full resync"),
-            )
-            self.next_batch_id += 1
-        if self._compactor is not None:
-            if all(commit.first_load for commit in batch.commits):
-                self._compactor.note_appended()  # appends write healthy files
-            else:
-                self._compactor.compact_if_due()
-        return self.next_batch_id
-
-    def rollback(
-        self,
-        vbucket: int,
-        rollback_seqno: int,
-        *,
-        committed: VbucketPosition,
-        failover_log: FailoverLog | None,
-        reason: str,
-    ) -> RollbackOutcome:
-        from replicator.delta.rollback import plan_rollback, rollback_vbucket, time_travel_horizon
-
-        if failover_log is None:
-            raise ConfigError(f"vbucket {vbucket}: a rollback needs the producer's failover log")
-        self._executor.flush_checkpoints()  # the plan reads them
-        if committed.seqno <= rollback_seqno and rollback_seqno > 0:
-            # Nothing committed above the rollback point: the mirror already stands there.
-            position = VbucketPosition.at_boundary(
-                vbucket, failover_log.entry_at(committed.seqno).vbucket_uuid, committed.seqno,
-                purge_seqno=committed.purge_seqno, manifest_uid=committed.manifest_uid,
-            )
-            return RollbackOutcome(vbucket, position, full_resync=False, table_version=None)
-        checkpoints = self._executor.checkpoints.for_vbucket(vbucket)
-        plan = plan_rollback(
-            checkpoints, vbucket, rollback_seqno, time_travel_horizon(self.mirror)
-        )
-        outcome = rollback_vbucket(
-            self._executor, plan, batch_id=self.next_batch_id, failover_log=failover_log,
-            reason=reason,
-        )
-        if outcome.commit is not None:
-            self.next_batch_id += 1
-            return RollbackOutcome(
-                vbucket, outcome.position, full_resync=False,
-                table_version=outcome.commit.table_version,
-            )
-        self._resync_reasons[vbucket] = f"{reason}; {outcome.reason}"
-        log.warning("vbucket %d: %s", vbucket, self._resync_reasons[vbucket])
-        return RollbackOutcome(vbucket, outcome.position, full_resync=True, table_version=None)
-
-    def heartbeat(self) -> None:
-        """Renew the claim, and write the checkpoints queued since the last flush."""
-        self._executor.flush_checkpoints()
-        self._owners.heartbeat(self._claim)
-
-    def release(self) -> None:
-        try:
-            self._executor.flush_checkpoints()
-        finally:
-            self._owners.release(self._claim)
-
-
-def client_options(config: ReplicatorConfig, *, tls: bool) -> ClientOptions:
-    return ClientOptions(
-        connection=ConnectionOptions(
-            flow_control_window=config.flow_control_window_kb * 1024,
-            noop_interval=config.noop_interval_s,
-            allow_plain_over_tcp=config.allow_plain_over_tcp,
-            sasl_mechanism=(
-                parse_sasl_mechanism(config.sasl_mechanism) if config.sasl_mechanism else None
-            ),
-            tls=TlsSettings(ca_file=config.tls_ca or None) if tls else TlsSettings(),
-            change_streams=config.history,
-        )
-    )
-
-
-def connect_source(config: ReplicatorConfig, *, committed_position: Any = None) -> DcpClient:
-    """Bootstrap the DCP client; the errors name the node and what is wrong."""
-    connection_string = ConnectionString.parse(config.source)
-    credentials = Credentials(config.username, config.resolved_password().value)
-    return DcpClient(
-        connection_string, credentials,
-        options=client_options(config, tls=connection_string.tls),
-        committed_position=committed_position,
-    )
-
 
 def staging_root(config: ReplicatorConfig) -> str:
     """Where spill files go: `staging_dir`, else beside the table so executors can read them.
@@ -377,16 +212,11 @@ def run_replication(
     if spark is None:
         locate_delta_jars()
     stop = stop or threading.Event()
-    holder: dict[str, Replication] = {}
-
-    def committed_position(vb: int) -> tuple[VbucketPosition, FailoverLog | None]:
-        return holder["replication"].committed_position(vb)
-
     # Installed before start-up: a SIGTERM while the session starts or the vbuckets are being
     # claimed stops the run as soon as it is up (nothing committed, its claim released), where
     # Python's default action would end it mid-claim.
     with stop_on_signals(stop), ExitStack() as cleanup:
-        client = connect_source(config, committed_position=committed_position)
+        client = connect_source(config)
         cleanup.callback(client.close)
         vbuckets = config.vbuckets.resolve(client.cluster_map.num_vbuckets)
         source = check_source(client, config, vbuckets)
@@ -435,7 +265,7 @@ def run_replication(
             progress=ProgressReporter(config.progress, interval_s=config.status_interval_s),
             source_check_interval_s=config.source_check_interval_s,
         )
-        holder["replication"] = replication
+        client.resume_from(replication.committed_position)
         _follow_with_metrics(config, replication, client, executor, stager, cleanup)
         if on_started is not None:
             on_started(replication)
@@ -468,84 +298,6 @@ def _follow_with_metrics(
     if config.metrics_port:
         metrics.serve(config.metrics_port, config.metrics_host)
         cleanup.callback(metrics.close)
-
-
-@dataclass(frozen=True, slots=True)
-class SourceCheck:
-    """What a run learnt of the source before starting Spark."""
-
-    manifest: dict[str, object]
-    highs: dict[int, int] | None
-    """Each active vbucket's high seqno; None when the source cannot tell them."""
-    targets: dict[int, int] | None
-    """With --until-caught-up, the high seqno each vbucket must reach."""
-    history: bool = False
-    """`history` was asked for and the producer streams history snapshots."""
-
-
-def check_source(
-    client: DcpClient, config: ReplicatorConfig, vbuckets: tuple[int, ...]
-) -> SourceCheck:
-    """Ask the source for everything the run needs before anything expensive starts (Spark,
-    the table, the claim); a refusal is one line naming the node, the command and what to do.
-
-    The DCP controls were already negotiated when the client connected."""
-    try:
-        manifest = client.collections_manifest()
-    except UnsupportedCommandError as exc:
-        raise UnsupportedCommandError(
-            exc.node,
-            f"{_detail(exc)}; the replicator needs the collections manifest to name each row's "
-            "collection: use Couchbase Server 7.0 or later, or a proxy that forwards it",
-            command=exc.command,
-        ) from None
-    highs: dict[int, int] | None = None
-    try:
-        highs = client.high_seqnos()
-    except UnsupportedCommandError as exc:
-        if config.until_caught_up:
-            raise UnsupportedCommandError(
-                exc.node,
-                f"{_detail(exc)}; --until-caught-up needs them to know where to stop: run "
-                "without it (a continuous run, stopped with Ctrl-C or SIGTERM), or against a "
-                "server that supports the command",
-                command=exc.command,
-            ) from None
-        # A continuous run goes on without them; the replication says the lag is unknown.
-    targets = (
-        {vb: highs.get(vb, 0) for vb in vbuckets}
-        if config.until_caught_up and highs is not None else None
-    )
-    return SourceCheck(manifest, highs, targets, history=config.history and _history_ready(
-        client, manifest
-    ))
-
-
-def _history_ready(client: DcpClient, manifest: Mapping[str, object]) -> bool:
-    """Whether `history` can record anything; says clearly why not (the mirror runs anyway)."""
-    if not client.change_streams():
-        log.warning(
-            "history: the producer of bucket %s refused change streams (Couchbase Server before "
-            "7.2 has none): no history is recorded, the mirror is replicated as usual",
-            client.bucket,
-        )
-        return False
-    with_history = collections_with_history(manifest)
-    if not with_history:
-        log.warning(
-            "history: no collection of bucket %s keeps history (history retention is off, or "
-            "no collection has history enabled): the history table gets revisions only once "
-            "one does",
-            client.bucket,
-        )
-    else:
-        log.info("history: recording every revision of %s", ", ".join(with_history))
-    return True
-
-
-def _detail(error: UnsupportedCommandError) -> str:
-    """The error's text without its node prefix (the wrapping error names the node again)."""
-    return str(error).removeprefix(f"{error.node}: ")
 
 
 def _release_quietly(store: DeltaMirrorStore) -> None:

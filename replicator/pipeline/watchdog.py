@@ -18,8 +18,8 @@ import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from replicator.dcp.cluster.streams import Backoff
 from replicator.dcp.protocol.events import StreamEndReason
+from replicator.model.backoff import Backoff
 from replicator.model.positions import VbucketPosition
 
 log = logging.getLogger(__name__)

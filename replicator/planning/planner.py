@@ -18,7 +18,8 @@ import pyarrow.compute as pc
 from replicator.dcp.protocol.events import SnapshotFlags
 from replicator.model.positions import FailoverLog, SeqnoRange, VbucketPosition
 from replicator.staging.rows import CHANGE_SCHEMA
-from replicator.staging.stager import StagedSnapshots, read_rows
+from replicator.staging.spill import read_rows
+from replicator.staging.stager import StagedSnapshots
 
 _DEDUP_COLUMNS = ("vbucket", "collection_id", "key", "seqno")
 

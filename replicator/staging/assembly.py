@@ -34,17 +34,18 @@ from replicator.dcp.protocol.events import (
     SystemEvent,
     SystemEventType,
 )
+from replicator.dcp.protocol.opcodes import Opcode
 from replicator.errors import ProtocolError
 
 _OPCODES: dict[type, int] = {
-    SnapshotMarker: 0x56,
-    Mutation: 0x57,
-    Deletion: 0x58,
-    Expiration: 0x59,
-    SystemEvent: 0x5F,
-    SeqnoAdvanced: 0x64,
-    OsoSnapshot: 0x65,
-    StreamEnd: 0x55,
+    SnapshotMarker: Opcode.DCP_SNAPSHOT_MARKER,
+    Mutation: Opcode.DCP_MUTATION,
+    Deletion: Opcode.DCP_DELETION,
+    Expiration: Opcode.DCP_EXPIRATION,
+    SystemEvent: Opcode.DCP_SYSTEM_EVENT,
+    SeqnoAdvanced: Opcode.DCP_SEQNO_ADVANCED,
+    OsoSnapshot: Opcode.DCP_OSO_SNAPSHOT,
+    StreamEnd: Opcode.DCP_STREAM_END,
 }
 
 

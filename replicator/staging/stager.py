@@ -1,5 +1,8 @@
 """Bounded-memory staging of change rows per vbucket, spilling to Parquet files when over budget.
 
+Over 500 lines on purpose: runs, claims and spilling share one budget and one set of runs;
+the spill files themselves are in staging/spill.py, the stream side in staging/stream.py.
+
 Rows wait here between the stream and the Delta commit. A vbucket's rows are either *pending*
 (its open snapshot is not complete yet: never committed, dropped by a rollback) or *ready*
 (they belong to complete snapshots). Consecutive ready snapshots of a vbucket are kept as one
@@ -21,37 +24,27 @@ import contextlib
 import errno
 import logging
 import os
-import re
-import shutil
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
-from replicator.dcp.protocol.events import (
-    Deletion,
-    DocumentChanges,
-    Expiration,
-    ItemEvent,
-    Mutation,
-    RollbackRequired,
-    SnapshotFlags,
-    StreamEnd,
-    StreamEndReason,
-    StreamEvent,
-    StreamOpened,
-    SystemEvent,
-)
+from replicator.dcp.protocol.events import SnapshotFlags
 from replicator.errors import ReplicatorError
-from replicator.model.positions import SeqnoRange
-from replicator.staging.assembly import CompleteSnapshot, SnapshotAssembler
-from replicator.staging.rows import CHANGE_SCHEMA, ChangeRowConverter
-
-if TYPE_CHECKING:
-    from replicator.planning.planner import CommitBatch
+from replicator.model.aliases import FaultHook
+from replicator.model.positions import SeqnoRange, VbucketPosition
+from replicator.staging.assembly import CompleteSnapshot
+from replicator.staging.rows import CHANGE_SCHEMA
+from replicator.staging.spill import (
+    SPILL_FILE_NAME,
+    SpillWriter,
+    free_space,
+    read_rows,
+    remove_spill_file,
+    write_spill_file,
+)
 
 _log = logging.getLogger(__name__)
 
@@ -61,36 +54,32 @@ DEFAULT_MEMORY_BUDGET_BYTES = 256 * 1024 * 1024
 _TABLES_BEFORE_COMBINING = 16
 """An open snapshot's latest staged slices are copied into one table once they are this many."""
 
-SpillWriter = Callable[[pa.Table, str], int]
-"""Writes a table to a new file at a path (owner-only mode) and returns the file's size."""
-
-SpillFaultHook = Callable[[str], None]
-"""Called with each name of SPILL_FAULT_STEPS as a spill file is written (fault injection)."""
-
-SPILL_FILE_NAME = re.compile(r"vb\d{4,}-\d{8,}\.parquet")
-"""Names the Stager gives its spill files (vb0007-00000001.parquet); nothing else is removed."""
-
-SPILL_FAULT_STEPS = ("before_spill_write", "after_spill_write")
-"""Where a spill-file write calls the fault hook: an OSError raised at the first is handled
-exactly like a failed write (ENOSPC reads as a full disk); at the second the file exists."""
-
-
 class StagingError(ReplicatorError):
     """Rows could not be written to the staging directory (disk full, size limit, I/O error)."""
 
 
-def write_spill_file(table: pa.Table, path: str) -> int:
-    """Write `table` as a new Parquet file at `path`, mode 0600; return its size in bytes.
+class ClaimedVbucket(Protocol):
+    """One vbucket's part of a planned commit, as far as claiming its staged runs goes."""
 
-    Fails if `path` exists: a spill file is never overwritten.
-    """
-    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-    with os.fdopen(descriptor, "wb") as sink:
-        # The umask can only narrow 0600; set it anyway so the mode never depends on it.
-        os.fchmod(descriptor, 0o600)
-        pq.write_table(table, sink)
-        sink.flush()
-        return sink.tell()
+    @property
+    def vbucket(self) -> int: ...
+
+    @property
+    def position(self) -> VbucketPosition: ...
+
+    @property
+    def staged_run_ids(self) -> tuple[int, ...]: ...
+
+
+class Claim(Protocol):
+    """A planned commit batch (planning's CommitBatch), as the stager sees it: staging sits
+    before planning in the pipeline, so it names only what it reads of a batch."""
+
+    @property
+    def batch_id(self) -> int: ...
+
+    @property
+    def commits(self) -> Sequence[ClaimedVbucket]: ...
 
 
 def staged_size(rows: pa.Table | pa.RecordBatch) -> int:
@@ -100,11 +89,6 @@ def staged_size(rows: pa.Table | pa.RecordBatch) -> int:
     staged chunk, that was a tenth of the replication thread's time at 1024 vbuckets.
     """
     return int(rows.get_total_buffer_size())
-
-
-def read_spill_file(path: str) -> pa.Table:
-    """The rows of one spill file, with CHANGE_SCHEMA."""
-    return pq.read_table(path, schema=CHANGE_SCHEMA)
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,14 +122,6 @@ class StagedSnapshots:
     def read_rows(self) -> pa.Table:
         """All rows of the run as one table (reads the spill files)."""
         return read_rows(self.tables, self.spill_files)
-
-
-def read_rows(tables: Iterable[pa.Table], spill_files: Iterable[str]) -> pa.Table:
-    """Concatenate in-memory tables and spill files into one CHANGE_SCHEMA table."""
-    parts = [*tables, *(read_spill_file(path) for path in spill_files)]
-    if not parts:
-        return CHANGE_SCHEMA.empty_table()
-    return pa.concat_tables(parts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -256,7 +232,7 @@ class Stager:
         spill_writer: SpillWriter = write_spill_file,
         spill_limit_bytes: int | None = None,
         clock: Callable[[], float] = time.monotonic,
-        fault_hook: SpillFaultHook | None = None,
+        fault_hook: FaultHook | None = None,
     ) -> None:
         if memory_budget_bytes <= 0:
             raise ValueError(f"memory budget must be positive, got {memory_budget_bytes}")
@@ -420,7 +396,7 @@ class Stager:
         stage = self._vbuckets.get(vbucket)
         return 0 if stage is None else stage.pending.row_count
 
-    def claim(self, batch: CommitBatch) -> None:
+    def claim(self, batch: Claim) -> None:
         """Mark the runs a freshly planned batch commits: they stay as they are until release.
 
         Raises ValueError, claiming nothing, if the batch no longer matches what is staged.
@@ -448,7 +424,7 @@ class Stager:
             run.claimed_by = batch.batch_id
         self._claims[batch.batch_id] = {commit.vbucket for commit in batch.commits}
 
-    def release(self, batch: CommitBatch) -> None:
+    def release(self, batch: Claim) -> None:
         """The batch's commit landed: drop its rows and delete its spill files.
 
         Runs claimed by the batch for vbuckets taken out of it since (`without_vbucket`) are
@@ -554,7 +530,7 @@ class Stager:
                 written.append((rows, spill))
         except StagingError:
             for _, spill in written:
-                _remove(spill.path)
+                remove_spill_file(spill.path)
             raise
         for rows, spill in written:
             self._buffered -= rows.memory_bytes
@@ -576,11 +552,11 @@ class Stager:
             self._fault("after_spill_write")
         except OSError as exc:
             if not isinstance(exc, FileExistsError):  # an existing file is not ours to delete
-                _remove(path)
+                remove_spill_file(path)
             if exc.errno in (errno.ENOSPC, errno.EDQUOT):
                 raise StagingError(
                     f"cannot spill {table.num_rows} rows of vbucket {vbucket} to {path}: the "
-                    f"disk is full ({_free_space(self._dir)} in staging directory {self._dir}); "
+                    f"disk is full ({free_space(self._dir)} in staging directory {self._dir}); "
                     "free space there, set staging_dir to a larger disk, or raise "
                     "memory_budget_mb"
                 ) from exc
@@ -593,7 +569,7 @@ class Stager:
             self._spill_limit is not None
             and self._spilled_file_bytes + already_written + size > self._spill_limit
         ):
-            _remove(path)
+            remove_spill_file(path)
             raise StagingError(
                 f"cannot spill {table.num_rows} rows of vbucket {vbucket}: the staging directory "
                 f"would exceed its limit of {self._spill_limit} bytes; commit more often or "
@@ -608,150 +584,13 @@ class Stager:
     def _drop_rows(self, rows: _Rows) -> None:
         self._buffered -= rows.memory_bytes
         for spill in rows.files:
-            _remove(spill.path)
+            remove_spill_file(spill.path)
             self._spilled_file_bytes -= spill.file_bytes
         rows.tables.clear()
         rows.loose_tables = 0
         rows.files.clear()
         rows.memory_bytes = 0
         rows.row_count = 0
-
-
-class StreamStager:
-    """Stages a DCP stream's events: snapshot assembly, row conversion in chunks, staging.
-
-    Items wait in per-vbucket chunks of bounded size; `flush` converts the chunks of every
-    vbucket in one conversion and stages each vbucket's rows, completing the snapshots that
-    ended meanwhile in order. Once `feed` returns, the event is staged (in a chunk or in the
-    stager), so the stream may count it towards BUFFER_ACK. `feed` returns the snapshot the
-    event completed; its rows are ready in the stager after the next `flush` (the caller
-    flushes once per polled batch). A failed stream's half-sent snapshot is dropped here and
-    in the stager. After a ProtocolError or StagingError the vbucket's state is unreliable:
-    `discard` it and reopen its stream.
-    """
-
-    def __init__(
-        self,
-        stager: Stager,
-        converter: ChangeRowConverter | None = None,
-        *,
-        chunk_rows: int = 4096,
-        chunk_bytes: int = 4 * 1024 * 1024,
-    ) -> None:
-        if chunk_rows <= 0 or chunk_bytes <= 0:
-            raise ValueError("chunk_rows and chunk_bytes must be positive")
-        self._stager = stager
-        self._converter = converter if converter is not None else ChangeRowConverter()
-        self._assembler = SnapshotAssembler(keep_items=False)
-        self._chunk_rows = chunk_rows
-        self._chunk_bytes = chunk_bytes
-        self._chunks: dict[int, _Chunk] = {}
-        self._chunked_bytes = 0
-
-    @property
-    def assembler(self) -> SnapshotAssembler:
-        return self._assembler
-
-    @property
-    def stager(self) -> Stager:
-        return self._stager
-
-    @property
-    def chunked_bytes(self) -> int:
-        """Approximate bytes of items waiting in chunks for conversion."""
-        return self._chunked_bytes
-
-    def feed(self, event: StreamEvent) -> CompleteSnapshot | None:
-        """Assemble one event into its vbucket's chunk; return the snapshot it completed."""
-        completed = self._assembler.feed(event)
-        vbucket = event.vbucket
-        if type(event) is DocumentChanges:
-            chunk = self._chunk(vbucket)
-            chunk.items.append(event)
-            chunk.rows += len(event)
-            size = _RUN_ROW_OVERHEAD * len(event) + event.summary.data_bytes
-            chunk.bytes += size
-            self._chunked_bytes += size
-        elif isinstance(event, Mutation | Deletion | Expiration | SystemEvent):
-            # System events ride along so the converter learns collection names in order.
-            chunk = self._chunk(vbucket)
-            chunk.items.append(event)
-            if not isinstance(event, SystemEvent):
-                chunk.rows += 1
-            size = _approximate_size(event)
-            chunk.bytes += size
-            self._chunked_bytes += size
-        if completed is not None:
-            chunk = self._chunk(vbucket)
-            chunk.completions.append((chunk.rows, completed))
-        elif _voids_partial(event):
-            if vbucket in self._chunks and self._chunks[vbucket].completions:
-                self.flush()  # the snapshots completed before the failure are kept
-            self._drop_chunk(vbucket)
-            self._stager.discard_pending(vbucket)
-        elif vbucket in self._chunks and self._chunks[vbucket].rows >= self._chunk_rows:
-            self.flush()
-        if self._chunked_bytes >= self._chunk_bytes:
-            self.flush()
-        return completed
-
-    def flush(self) -> None:
-        """Convert every waiting chunk at once, stage the rows and complete the snapshots.
-
-        One conversion for all vbuckets: converting per vbucket costs a fixed ~0.5 ms, which at
-        1024 vbuckets of one-item snapshots was most of the replication thread's time.
-        """
-        if not self._chunks:
-            return
-        chunks = sorted(self._chunks.items())
-        items = [item for _, chunk in chunks for item in chunk.items]
-        rows = self._converter.convert(items)
-        total_bytes = rows.get_total_buffer_size()
-        self._chunks.clear()
-        self._chunked_bytes = 0
-        offset = 0
-        for vbucket, chunk in chunks:
-            staged = 0
-            for boundary, snapshot in (*chunk.completions, (chunk.rows, None)):
-                if boundary > staged:
-                    part = rows.slice(offset + staged, boundary - staged)
-                    # A slice shares the converted batch's buffers: charge its share of them.
-                    share = total_bytes * part.num_rows // max(rows.num_rows, 1)
-                    self._stager.stage_rows(vbucket, part, size_bytes=share)
-                    staged = boundary
-                if snapshot is not None:
-                    self._stager.complete_snapshot(snapshot)
-            offset += chunk.rows
-
-    def discard(self, vbucket: int, *, resume_seqno: int | None = None) -> None:
-        """Drop all the vbucket's staged and half-assembled rows (rollback or reconnect)."""
-        self._assembler.discard(vbucket, resume_seqno=resume_seqno)
-        self._drop_chunk(vbucket)
-        self._stager.discard(vbucket)
-
-    def _chunk(self, vbucket: int) -> _Chunk:
-        chunk = self._chunks.get(vbucket)
-        if chunk is None:
-            chunk = self._chunks[vbucket] = _Chunk()
-        return chunk
-
-    def _drop_chunk(self, vbucket: int) -> None:
-        chunk = self._chunks.pop(vbucket, None)
-        if chunk is not None:
-            self._chunked_bytes -= chunk.bytes
-
-
-@dataclass(slots=True)
-class _Chunk:
-    """A vbucket's items waiting for conversion, and the snapshots they complete.
-
-    `completions` are (rows of this chunk before the snapshot's end, snapshot), in order.
-    """
-
-    items: list[ItemEvent | DocumentChanges] = field(default_factory=list)
-    rows: int = 0
-    bytes: int = 0
-    completions: list[tuple[int, CompleteSnapshot]] = field(default_factory=list)
 
 
 def _note_history(ranges: list[SeqnoRange], snapshot: CompleteSnapshot) -> None:
@@ -767,40 +606,3 @@ def _note_history(ranges: list[SeqnoRange], snapshot: CompleteSnapshot) -> None:
         ranges.append((first, snapshot.end_seqno))
 
 
-def _voids_partial(event: StreamEvent) -> bool:
-    """Whether the event makes the assembler drop the vbucket's half-received snapshot."""
-    if isinstance(event, StreamEnd):
-        return event.reason is not StreamEndReason.OK
-    return isinstance(event, StreamOpened | RollbackRequired)
-
-
-_RUN_ROW_OVERHEAD = 64
-"""Bytes per row of a columnar run besides its keys and values: the numeric columns, roughly."""
-
-
-def _approximate_size(item: Mutation | Deletion | Expiration | SystemEvent) -> int:
-    # Fixed part: the numeric columns and Python object overhead, roughly.
-    if isinstance(item, Mutation):
-        return 96 + len(item.key) + len(item.value)
-    if isinstance(item, SystemEvent):
-        return 96 + len(item.name)
-    return 96 + len(item.key)
-
-
-def _free_space(directory: str) -> str:
-    """The free space of the directory's filesystem for an operator: "12.5 MiB free"."""
-    try:
-        free = shutil.disk_usage(directory).free
-    except OSError:
-        return "free space unknown"
-    return f"{free / 2**20:.1f} MiB free"
-
-
-def _remove(path: str) -> None:
-    try:
-        os.remove(path)
-    except FileNotFoundError:
-        pass
-    except OSError as exc:
-        # A leftover spill file wastes space but loses nothing; the run's directory is temporary.
-        _log.warning("could not delete spill file %s: %s", path, exc.strerror)

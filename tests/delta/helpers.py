@@ -9,11 +9,11 @@ from typing import Any
 
 import pyarrow as pa
 
-from replicator.delta.schema import DELETE, UPSERT, CommitMetadata
+from replicator.delta.schema import CommitMetadata
 from replicator.delta.table import MirrorTable
 from replicator.model.positions import VbucketPosition
 from replicator.planning.planner import CommitBatch, CommitTrigger, VbucketCommit
-from replicator.staging.rows import CHANGE_SCHEMA
+from replicator.staging.rows import CHANGE_SCHEMA, DELETE, UPSERT
 
 UUID = 0xFEEDFACECAFEBEEF
 """A vbucket uuid above 2**63: positions must survive u64 round trips."""

@@ -15,10 +15,11 @@ from chispa import assert_df_equality
 from replicator.delta.checkpoints import CheckpointsTable
 from replicator.delta.executor import CommitExecutor, CommitFailed, WriteStrategy
 from replicator.delta.ownership import OwnerClaim, OwnersTable
-from replicator.delta.schema import txn_version
-from replicator.delta.table import MirrorTable
+from replicator.delta.schema import MirrorConfig, txn_version
+from replicator.delta.table import MirrorTable, open_or_create
 from replicator.errors import OwnershipConflict
 from replicator.model.positions import VbucketPosition
+from tests.delta.conftest import BUCKET
 from tests.delta.helpers import (
     UUID,
     batch,
@@ -35,7 +36,31 @@ pytestmark = pytest.mark.spark
 EXPIRED = datetime(2020, 1, 1, tzinfo=UTC)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
+def mirror_path(tmp_path: Path) -> Path:
+    """Each test writes its own table: Delta's txn ids (owner, batch) and the checkpoints would
+    otherwise tie a test to the batches the tests before it committed."""
+    return tmp_path / "travel"
+
+
+@pytest.fixture
+def mirror(spark: Any, mirror_path: Path) -> MirrorTable:
+    """A bucket of 64 vbuckets: 16 partitions of 4 vbuckets each."""
+    return open_or_create(spark, str(mirror_path), MirrorConfig(BUCKET, num_vbuckets=64))
+
+
+@pytest.fixture
+def owners(mirror: MirrorTable) -> OwnersTable:
+    return OwnersTable.of(mirror)
+
+
+@pytest.fixture
+def claim(owners: OwnersTable) -> OwnerClaim:
+    """The test's writer owns vbuckets 0-63 (no release: the table goes with the test)."""
+    return owners.claim(range(64), "test-writer")
+
+
+@pytest.fixture
 def executor(mirror: MirrorTable, claim: OwnerClaim, owners: OwnersTable) -> CommitExecutor:
     return CommitExecutor(mirror, claim, owners)
 
@@ -270,15 +295,17 @@ def test_a_dropped_collection_loses_all_its_rows(
 def test_first_load_into_a_vbucket_that_has_rows_is_refused(
     mirror: MirrorTable, executor: CommitExecutor
 ) -> None:
+    executor.execute(batch(60, vbucket_commit(1, [upsert(1, "p", 1)], seqno=1, first_load=True)))
     with pytest.raises(CommitFailed, match=r"vbuckets \[1\] are marked first load but hold rows"):
         executor.execute(
-            batch(60, vbucket_commit(1, [upsert(1, "q", 30)], seqno=30, first_load=True))
+            batch(61, vbucket_commit(1, [upsert(1, "q", 30)], seqno=30, first_load=True))
         )
-    assert commits_of_batch(mirror, executor.claim.owner_id, 60) == []
+    assert commits_of_batch(mirror, executor.claim.owner_id, 61) == []
+    assert documents(mirror, [1]) == {(1, "p", 1, '{"v":1}')}
 
 
 def test_batches_for_unclaimed_vbuckets_are_refused(executor: CommitExecutor) -> None:
-    with pytest.raises(OwnershipConflict, match=r"vbuckets \[64\] that owner 'module-writer'"):
+    with pytest.raises(OwnershipConflict, match=r"vbuckets \[64\] that owner 'test-writer'"):
         executor.execute(batch(70, vbucket_commit(64, [], seqno=1, first_load=True)))
 
 

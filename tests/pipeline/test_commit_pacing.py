@@ -16,16 +16,20 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from replicator.config import ReplicatorConfig, Secret
-from replicator.dcp.cluster.client import DcpClient, EventBatch
+from replicator.dcp.cluster.batch import EventBatch
+from replicator.dcp.cluster.client import DcpClient
 from replicator.dcp.protocol.events import StreamEnd, StreamEndReason
+from replicator.model.mirror import RecoveredMirror, RollbackOutcome
 from replicator.model.positions import FailoverLog, VbucketPosition
-from replicator.pipeline.replication import RecoveredMirror, Replication, RollbackOutcome
-from replicator.pipeline.runner import connect_source
+from replicator.pipeline.replication import Replication
 from replicator.planning.planner import CommitBatch, CommitThresholds, CommitTrigger
 from replicator.sim.bucket import SimBucket
 from replicator.sim.cluster import DEFAULT_PASSWORD, SimCluster
-from replicator.staging.rows import ChangeRowConverter, CollectionRegistry
-from replicator.staging.stager import Stager, StreamStager
+from replicator.source import connect_source
+from replicator.staging.collections import CollectionRegistry
+from replicator.staging.rows import ChangeRowConverter
+from replicator.staging.stager import Stager
+from replicator.staging.stream import StreamStager
 from tests.clocks import ManualClock
 
 DELAY_S = 2.0

@@ -28,8 +28,10 @@ from replicator.planning.planner import (
     without_vbucket,
 )
 from replicator.staging.assembly import CompleteSnapshot
-from replicator.staging.rows import CHANGE_SCHEMA, ChangeRowConverter, CollectionRegistry
-from replicator.staging.stager import StagedSnapshots, Stager, read_rows
+from replicator.staging.collections import CollectionRegistry
+from replicator.staging.rows import CHANGE_SCHEMA, ChangeRowConverter
+from replicator.staging.spill import read_rows
+from replicator.staging.stager import StagedSnapshots, Stager
 
 THRESHOLDS = CommitThresholds(max_rows=100, max_bytes=1_000_000, max_delay_seconds=5.0)
 LOGS = {vb: FailoverLog.of([(0xB0B, 50), (0xA1A, 0)]) for vb in range(8)}

@@ -29,14 +29,9 @@ from replicator.planning.planner import (
 )
 from replicator.staging.assembly import CompleteSnapshot
 from replicator.staging.rows import CHANGE_SCHEMA, ChangeRowConverter
-from replicator.staging.stager import (
-    Stager,
-    StagingError,
-    StreamStager,
-    read_spill_file,
-    staged_size,
-    write_spill_file,
-)
+from replicator.staging.spill import read_spill_file, write_spill_file
+from replicator.staging.stager import Stager, StagingError, staged_size
+from replicator.staging.stream import StreamStager
 from tests.clocks import ManualClock
 
 CONVERTER = ChangeRowConverter(now=lambda: 0.0)
@@ -514,7 +509,7 @@ def test_stream_stager_rejects_bad_items_before_staging(tmp_path: Path) -> None:
 
 def test_stream_stager_names_rows_from_system_events(tmp_path: Path) -> None:
     from replicator.dcp.protocol.events import SystemEvent, SystemEventType
-    from replicator.staging.rows import CollectionRegistry
+    from replicator.staging.collections import CollectionRegistry
 
     stager = Stager(tmp_path)
     stream = StreamStager(stager, ChangeRowConverter(CollectionRegistry()))
