@@ -22,15 +22,16 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from replicator.cli.flags import add_engine_flag
 from replicator.delta.reader import SPARK
 from replicator.errors import ConfigError
-from replicator.inspect.status import align_columns, format_time
+from replicator.inspect.formatting import align_columns, format_time
 
 if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import SparkSession
 
-    from replicator.inspect.audit import MirrorHistory
+    from replicator.inspect.mirror_history import MirrorHistory
 
 DEFAULT_LIMIT = 20
 VALUE_WIDTH = 60
@@ -44,7 +45,6 @@ _CHANGE_COLUMNS = ("_commit_version", "_change_type", *_ROW_COLUMNS)
 
 def add_audit_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags and subcommands of `replicator audit`."""
-    from replicator.cli.main import add_engine_flag
 
     parser.add_argument("--target", help="path of the mirror Delta table")
     _add_json_flag(parser, default=False)
@@ -110,7 +110,7 @@ def run_audit(args: argparse.Namespace, *, spark: SparkSession | None = None) ->
         raise ConfigError("--limit must not be negative")
     # The engine asked for, else Spark when a session is at hand (its JVM is paid for), else
     # delta-rs. Where delta-rs would misread the change feed (old rollback commits),
-    # replicator.inspect.audit reads with Spark anyway unless delta-rs was asked for by name.
+    # MirrorHistory (inspect.mirror_history) reads with Spark anyway unless delta-rs was named.
     if args.engine == SPARK and spark is None:
         from replicator.runtime.spark import build_session
 
@@ -161,7 +161,7 @@ def _transactions(spark: SparkSession | None, args: argparse.Namespace) -> Answe
 
 
 def _history(spark: SparkSession | None, args: argparse.Namespace) -> Answer:
-    from replicator.inspect.audit import document_history
+    from replicator.inspect.documents import document_history
 
     if not args.committed:
         revisions = _revisions(spark, args)
@@ -242,13 +242,13 @@ def _at_seqno(spark: SparkSession | None, args: argparse.Namespace) -> Answer:
 
 def _mirror_history(spark: SparkSession | None, args: argparse.Namespace) -> MirrorHistory:
     from replicator.delta.reader import table_reader
-    from replicator.inspect.audit import MirrorHistory
+    from replicator.inspect.mirror_history import MirrorHistory
 
     return MirrorHistory.open(table_reader(args.engine, spark), args.target)
 
 
 def _changes(spark: SparkSession | None, args: argparse.Namespace) -> Answer:
-    from replicator.inspect.audit import changes_table
+    from replicator.inspect.time_travel import changes_table
 
     total, rows = changes_table(spark, args.target, _point(args.start), _point(args.end),
                                 limit=args.limit, engine=args.engine)
@@ -258,7 +258,7 @@ def _changes(spark: SparkSession | None, args: argparse.Namespace) -> Answer:
 
 
 def _rollbacks(spark: SparkSession | None, args: argparse.Namespace) -> Answer:
-    from replicator.inspect.audit import rollbacks
+    from replicator.inspect.commits import rollbacks
 
     records = rollbacks(spark, args.target, engine=args.engine)
     document = {"rollbacks": [r.to_json() for r in records]}

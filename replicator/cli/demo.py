@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from replicator.config import ReplicatorConfig, Secret
-from replicator.inspect.status import align_columns
+from replicator.inspect.formatting import align_columns
 from replicator.pipeline.replication import ReplicationSummary
 from replicator.pipeline.runner import BackgroundRun, run_replication
 from replicator.sim.bucket import SimBucket
@@ -78,7 +78,7 @@ def run_demo(
     console: DemoConsole | None = None,
 ) -> int:
     """Run the demo; returns 0 when the mirror verified equal to the source."""
-    from replicator.inspect.status import open_mirror
+    from replicator.inspect.mirror import open_mirror
     from replicator.inspect.verify import run_verify
     from replicator.runtime.spark import build_session
 
@@ -193,7 +193,7 @@ def _live_phase(
 def _analyst_queries(
     spark: SparkSession, target: Path, initial_version: int, out: DemoConsole
 ) -> None:
-    from replicator.inspect.audit import rollbacks
+    from replicator.inspect.commits import rollbacks
 
     spark.read.format("delta").load(str(target)).createOrReplaceTempView("mirror")
     out.say("Documents per collection:")

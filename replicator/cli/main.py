@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from replicator.cli.flags import add_engine_flag
 from replicator.errors import ConfigError, ReplicatorError
 
 if TYPE_CHECKING:
@@ -64,14 +65,6 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--allow-plain-over-tcp", dest="allow_plain_over_tcp", action="store_const",
         const=True, default=None, help="allow SASL PLAIN without TLS (sends the password in clear)",
-    )
-
-
-def add_engine_flag(parser: argparse.ArgumentParser, *, default: Any = None) -> None:
-    """`--engine`: which implementation reads the mirror (delta-rs needs no JVM)."""
-    parser.add_argument(
-        "--engine", choices=("delta-rs", "spark"), default=default,
-        help="read the mirror with delta-rs (default: no JVM, answers in a second) or Spark",
     )
 
 
@@ -133,8 +126,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
+    from replicator.inspect.health import HealthThresholds
     from replicator.inspect.status import read_status
-    from replicator.pipeline.health import HealthThresholds
 
     config = config_from_args(args)
     if not config.target:
@@ -154,8 +147,9 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
 def _plot(status: MirrorStatus, target: str, engine: str | None, path: str) -> None:
     from replicator.delta.reader import table_reader
-    from replicator.inspect.audit import commit_activities, read_history
+    from replicator.inspect.commits import commit_activities
     from replicator.inspect.lag_plot import plot_status
+    from replicator.inspect.mirror_history import read_history
 
     entries = read_history(table_reader(engine), target, checked=True)
     written = plot_status(status, commit_activities(entries), path)
@@ -217,7 +211,8 @@ def _relational_status(target: str, as_json: bool) -> int:
 def _cmd_sim_drizzle(args: argparse.Namespace) -> int:
     import os
 
-    from replicator.drizzle.amqp import AmqpSource, TransactionPublisher
+    from replicator.drizzle.amqp.publisher import TransactionPublisher
+    from replicator.drizzle.amqp.source import AmqpSource
     from replicator.drizzle.log import TransactionLogWriter
     from replicator.drizzle.workload import Workload, WorkloadSettings
 
@@ -265,7 +260,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The parser of the `replicator` command and its subcommands."""
-    from replicator.pipeline.health import HealthThresholds
+    from replicator.inspect.health import HealthThresholds
 
     parser = argparse.ArgumentParser(
         prog="replicator",

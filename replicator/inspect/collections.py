@@ -19,7 +19,8 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from replicator.errors import ConfigError
-from replicator.inspect.audit import MirrorHistory, split_collection
+from replicator.inspect.documents import split_collection
+from replicator.inspect.mirror_history import MirrorHistory
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -144,7 +145,7 @@ def view_name(collection: str) -> str:
 def _documents(spark: SparkSession, target: str, version: int | None) -> DataFrame:
     if version is None:
         from replicator.delta.schema import DATA_COLUMNS
-        from replicator.inspect.status import open_mirror
+        from replicator.inspect.mirror import open_mirror
 
         return open_mirror(spark, target).read().select(*DATA_COLUMNS)
     return MirrorHistory.read(spark, target).snapshot(version)

@@ -19,13 +19,56 @@ commit and, when status read the source, each vbucket's lag. The worst finding w
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from datetime import datetime
+from typing import Any, Protocol
 
 from replicator.config import vbucket_ranges
 
-if TYPE_CHECKING:
-    from replicator.inspect.status import MirrorStatus
+
+class OwnerFacts(Protocol):
+    """What the verdict reads of one claim (a status's OwnerStatus)."""
+
+    @property
+    def owner_id(self) -> str: ...
+    @property
+    def host(self) -> str: ...
+    @property
+    def pid(self) -> int: ...
+    @property
+    def heartbeat_at(self) -> datetime: ...
+    @property
+    def live(self) -> bool: ...
+    @property
+    def claimed(self) -> frozenset[int]: ...
+
+
+class VbucketFacts(Protocol):
+    """What the verdict reads of one vbucket (a status's VbucketStatus)."""
+
+    @property
+    def vbucket(self) -> int: ...
+    @property
+    def committed_at(self) -> datetime | None: ...
+    @property
+    def lag(self) -> int | None: ...
+
+
+class StatusFacts(Protocol):
+    """What the verdict reads of a mirror's status (a MirrorStatus, which asks for its own
+    verdict: the rules name only what they read, so health and status do not import each other)."""
+
+    @property
+    def owners(self) -> Sequence[OwnerFacts]: ...
+    @property
+    def vbuckets(self) -> Sequence[VbucketFacts]: ...
+    @property
+    def with_source(self) -> bool: ...
+    @property
+    def checked_at(self) -> datetime: ...
+    @property
+    def lag(self) -> int | None: ...
 
 
 class Health(enum.StrEnum):
@@ -96,7 +139,7 @@ class HealthVerdict:
                 "lag_checked": self.lag_checked}
 
 
-def judge(status: MirrorStatus, thresholds: HealthThresholds | None = None) -> HealthVerdict:
+def judge(status: StatusFacts, thresholds: HealthThresholds | None = None) -> HealthVerdict:
     """The health of `status` under `thresholds` (defaults when None) (pure)."""
     limits = thresholds or HealthThresholds()
     findings: list[tuple[Health, str]] = []
@@ -109,7 +152,7 @@ def judge(status: MirrorStatus, thresholds: HealthThresholds | None = None) -> H
     return HealthVerdict(state, tuple(text for _, text in findings), status.with_source)
 
 
-def _fenced(status: MirrorStatus) -> list[tuple[Health, str]]:
+def _fenced(status: StatusFacts) -> list[tuple[Health, str]]:
     claimed: dict[int, list[str]] = {}
     for owner in status.owners:
         if owner.live:
@@ -123,7 +166,7 @@ def _fenced(status: MirrorStatus) -> list[tuple[Health, str]]:
                             f"replicators ({', '.join(rivals)}): only one can commit")]
 
 
-def _expired_claims(status: MirrorStatus) -> list[tuple[Health, str]]:
+def _expired_claims(status: StatusFacts) -> list[tuple[Health, str]]:
     live = {vb for owner in status.owners if owner.live for vb in owner.claimed}
     findings = []
     for owner in status.owners:
@@ -137,7 +180,7 @@ def _expired_claims(status: MirrorStatus) -> list[tuple[Health, str]]:
     return findings
 
 
-def _lag(status: MirrorStatus, limits: HealthThresholds) -> list[tuple[Health, str]]:
+def _lag(status: StatusFacts, limits: HealthThresholds) -> list[tuple[Health, str]]:
     findings = []
     behind = [vb for vb in status.vbuckets if (vb.lag or 0) > 0]
     stalled, slow = [], []
@@ -173,8 +216,8 @@ def _these(vbuckets: list[int], plural: str, singular: str) -> str:
     return f"vbuckets {vbucket_ranges(vbuckets)} {plural}"
 
 
-def _age(status: MirrorStatus, moment: Any) -> str:
+def _age(status: StatusFacts, moment: Any) -> str:
     return f"{int((status.checked_at - moment).total_seconds())} s ago"
 
 
-__all__ = ["Health", "HealthThresholds", "HealthVerdict", "judge"]
+__all__ = ["Health", "HealthThresholds", "HealthVerdict", "StatusFacts", "judge"]

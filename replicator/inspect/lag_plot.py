@@ -1,7 +1,7 @@
 """`replicator status --plot FILE.png`: a mirror's lag and commit rate, drawn.
 
 Two panels: the changes committed per minute over the history the table still holds (from each
-commit's metadata, as `audit.commit_activity` counts them), and, per vbucket, how far behind it
+commit's metadata, as `commits.commit_activity` counts them), and, per vbucket, how far behind it
 is: seqnos behind the producer with `--source`, otherwise the minutes since its last commit.
 People would rather look at a lag curve than read 1024 rows. matplotlib is an optional
 dependency (`pip install 'replicator[plot]'`).
@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from replicator.errors import ConfigError
-from replicator.inspect.status import format_time
+from replicator.inspect.formatting import format_time
 
 if TYPE_CHECKING:
-    from replicator.inspect.audit import CommitActivity
+    from replicator.inspect.commits import CommitActivity
     from replicator.inspect.status import MirrorStatus
 
 

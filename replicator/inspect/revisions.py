@@ -15,8 +15,9 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from replicator.delta.reader import table_reader
-from replicator.delta.schema import ROLLBACK_OP, UPSERT, MirrorLayout
+from replicator.delta.schema import ROLLBACK_OP, MirrorLayout
 from replicator.errors import ConfigError
+from replicator.staging.rows import UPSERT
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -107,7 +108,7 @@ def revision_history(
     literal = reader.literal
     condition = f"key = {literal(key)} AND op <> {literal(ROLLBACK_OP)}"
     if collection is not None:
-        from replicator.inspect.audit import split_collection
+        from replicator.inspect.documents import split_collection
 
         scope, name = split_collection(collection)
         condition += f" AND scope = {literal(scope)} AND collection = {literal(name)}"

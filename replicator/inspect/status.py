@@ -18,186 +18,28 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from replicator.config import ReplicatorConfig
-from replicator.errors import ConfigError, NotAMirrorError, ReplicatorError
+from replicator.errors import ConfigError, ReplicatorError
+from replicator.inspect.formatting import align_columns, format_time
+from replicator.inspect.health import HealthThresholds, HealthVerdict, judge
+from replicator.inspect.mirror import LastRollback, read_mirror
 from replicator.model.positions import VbucketPosition
-from replicator.pipeline.health import HealthThresholds, HealthVerdict, judge
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
     from replicator.delta.checkpoints import Checkpoint
     from replicator.delta.ownership import OwnerRecord
-    from replicator.delta.reader import HistoryEntry, TableReader
-    from replicator.delta.schema import MirrorConfig
-    from replicator.delta.table import CommitRecord, MirrorTable
 
 FOLD_ABOVE = 64
 """With more vbuckets than this, runs of vbuckets in identical state print as one range."""
 
-ROLLBACK_KINDS = ("rollback", "resync")
-"""Checkpoint kinds that record a rollback (rewind to a boundary, or a full resync from 0)."""
-
-
-# --- opening a mirror without writing -----------------------------------------------------
-
-
-def check_mirror(reader: TableReader, target: str, *, bucket: str | None = None) -> MirrorConfig:
-    """The config of the existing mirror at `target`, read through `reader`; writes nothing.
-
-    NotAMirrorError when nothing is there, when it holds something other than a replicator
-    mirror, or (given `bucket`) when it mirrors another bucket.
-    """
-    from replicator.delta.schema import (
-        BUCKET_PROPERTY,
-        FORMAT_PROPERTY,
-        FORMAT_VERSION,
-        MirrorConfig,
-        MirrorLayout,
-    )
-    from replicator.delta.table import engine_error_summary
-
-    layout = MirrorLayout(target)
-    try:
-        if not reader.is_table(layout.data):
-            if reader.path_exists(layout.data):
-                raise NotAMirrorError(
-                    f"{target} is not a replicator mirror: it holds no Delta table"
-                )
-            raise NotAMirrorError(
-                f"no mirror at {target}: the path does not exist (run `replicator run` first)"
-            )
-        properties = reader.properties(layout.data)
-    except ReplicatorError:
-        raise
-    except Exception as exc:
-        raise ConfigError(f"cannot read {target}: {engine_error_summary(exc)}") from None
-    mirrored = properties.get(BUCKET_PROPERTY)
-    layout_format = properties.get(FORMAT_PROPERTY)
-    if mirrored is None or layout_format is None:
-        raise NotAMirrorError(
-            f"{target} is a Delta table but not a replicator mirror (no {BUCKET_PROPERTY} / "
-            f"{FORMAT_PROPERTY} properties)"
-        )
-    if layout_format != str(FORMAT_VERSION):
-        raise NotAMirrorError(
-            f"{target} is a mirror in format {layout_format}; this replicator reads format "
-            f"{FORMAT_VERSION}"
-        )
-    if bucket is not None and mirrored != bucket:
-        raise NotAMirrorError(
-            f"{target} is the mirror of bucket {mirrored!r}, not of {bucket!r}"
-        )
-    return MirrorConfig(mirrored)
-
-
-def open_mirror(spark: SparkSession, target: str, *, bucket: str | None = None) -> MirrorTable:
-    """Open the existing mirror at `target` with Spark; never creates anything (check_mirror)."""
-    from replicator.delta.reader import SparkReader
-    from replicator.delta.schema import MirrorLayout
-    from replicator.delta.table import MirrorTable
-
-    config = check_mirror(SparkReader(spark), target, bucket=bucket)
-    return MirrorTable(spark, MirrorLayout(target), config)
-
-
-def pending_checkpoints(
-    commits: Iterable[CommitRecord], floors: Mapping[str, int]
-) -> list[Checkpoint]:
-    """The checkpoints of data commits newer than their owner's floor version (pure).
-
-    `floors` is each owner's newest version in the checkpoints table: commits above it have no
-    checkpoint rows yet (their process died between the two commits), one checkpoint per
-    vbucket moved.
-    """
-    from replicator.delta.checkpoints import Checkpoint
-
-    return [
-        Checkpoint(
-            owner_id=record.metadata.owner_id,
-            batch_id=record.metadata.batch_id,
-            table_version=record.version,
-            kind=record.metadata.kind,
-            position=position,
-            committed_at=record.timestamp,
-        )
-        for record in sorted(commits, key=lambda r: r.version)
-        if record.version > floors.get(record.metadata.owner_id, -1)
-        for position in record.metadata.positions.values()
-    ]
-
-
-def with_pending(
-    latest: Mapping[int, Checkpoint], pending: Iterable[Checkpoint]
-) -> dict[int, Checkpoint]:
-    """`latest` checkpoints, each replaced by a newer pending one of its vbucket (pure)."""
-    merged = dict(latest)
-    for checkpoint in pending:
-        known = merged.get(checkpoint.vbucket)
-        if known is None or known.table_version < checkpoint.table_version:
-            merged[checkpoint.vbucket] = checkpoint
-    return merged
-
-
-def commits_above_floors(
-    entries: Iterable[HistoryEntry], floors: Mapping[str, int]
-) -> list[CommitRecord]:
-    """The replicator's commits newer than their owner's floor version, oldest first (pure).
-
-    Only those commits' metadata is parsed whole: a group commit's holds a position per
-    vbucket, and a long history holds hundreds of them.
-    """
-    from replicator.delta.table import CommitRecord
-
-    records = []
-    for entry in entries:
-        header = entry.commit_header
-        if header is None or entry.version <= floors.get(header.owner_id, -1):
-            continue
-        metadata = entry.commit_metadata
-        if metadata is not None:
-            records.append(CommitRecord(entry.version, entry.timestamp, metadata))
-    return sorted(records, key=lambda record: record.version)
-
 
 # --- the status values --------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class RollbackRecord:
-    """One rollback of a vbucket as the mirror recorded it.
-
-    `kind` is `rollback` (rewound to the committed boundary `to_seqno`) or `resync` (streamed
-    again from 0). `from_seqno` and `reason` come from the data commit's metadata, None when
-    that commit's log entry was already cleaned up.
-    """
-
-    kind: str
-    at: datetime
-    table_version: int
-    to_seqno: int
-    from_seqno: int | None = None
-    reason: str | None = None
-
-    def describe(self) -> str:
-        moved = f"{self.from_seqno}->{self.to_seqno}" if self.from_seqno is not None else (
-            f"to {self.to_seqno}"
-        )
-        return f"{self.kind} {moved} at {format_time(self.at)}"
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "kind": self.kind,
-            "at": self.at.isoformat(),
-            "table_version": self.table_version,
-            "from_seqno": self.from_seqno,
-            "to_seqno": self.to_seqno,
-            "reason": self.reason,
-        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,7 +52,7 @@ class VbucketStatus:
     table_version: int | None = None
     owner_id: str | None = None
     rollbacks: int = 0
-    last_rollback: RollbackRecord | None = None
+    last_rollback: LastRollback | None = None
     source_high_seqno: int | None = None
 
     @property
@@ -301,7 +143,7 @@ class MirrorStatus:
 
     @property
     def health(self) -> HealthVerdict:
-        """ok, lagging, stalled or fenced, and why (replicator.pipeline.health)."""
+        """ok, lagging, stalled or fenced, and why (replicator.inspect.health)."""
         return judge(self, self.thresholds)
 
     @property
@@ -428,28 +270,6 @@ class MirrorStatus:
         return json.dumps(self.to_json(), indent=2)
 
 
-def format_time(moment: datetime) -> str:
-    """UTC, to the second: `2026-01-31 12:00:05Z`."""
-    from datetime import UTC
-
-    utc = moment.astimezone(UTC) if moment.tzinfo is not None else moment
-    return utc.strftime("%Y-%m-%d %H:%M:%SZ")
-
-
-def align_columns(rows: Sequence[Sequence[str]], *, numeric: Iterable[int] = ()) -> list[str]:
-    """Rows of cells as lines with aligned columns; `numeric` columns are right-aligned."""
-    right = set(numeric)
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = []
-    for row in rows:
-        cells = [
-            cell.rjust(widths[i]) if i in right else cell.ljust(widths[i])
-            for i, cell in enumerate(row)
-        ]
-        lines.append("  ".join(cells).rstrip())
-    return lines
-
-
 def _numeric_columns(header: Sequence[str]) -> list[int]:
     numeric = {"vbucket", "seqno", "vbucket uuid", "rollbacks", "source high", "lag"}
     return [i for i, name in enumerate(header) if name in numeric]
@@ -488,51 +308,6 @@ def _range_label(first: int, last: int) -> str:
 # --- reading ------------------------------------------------------------------------------
 
 
-def rollback_history(
-    rollback_rows: Iterable[Checkpoint],
-    checkpoints: Mapping[int, Checkpoint],
-    entries: Iterable[HistoryEntry],
-) -> dict[int, tuple[int, RollbackRecord]]:
-    """vbucket -> (number of rollbacks, the newest one), from checkpoint rows and commits (pure).
-
-    `rollback_rows` are the checkpoint rows of a rollback kind; `checkpoints` the committed
-    boundaries (a newest boundary of a rollback kind without a checkpoint row yet counts too);
-    `entries` the data table's history, which holds each rollback's reason and origin.
-    """
-    seen: dict[int, dict[int, RollbackRecord]] = {}
-    for checkpoint in [*rollback_rows, *checkpoints.values()]:
-        if checkpoint.kind in ROLLBACK_KINDS:
-            seen.setdefault(checkpoint.vbucket, {}).setdefault(
-                checkpoint.table_version,
-                RollbackRecord(
-                    checkpoint.kind, checkpoint.committed_at, checkpoint.table_version,
-                    checkpoint.seqno,
-                ),
-            )
-    newest = {vb: records[max(records)] for vb, records in seen.items()}
-    wanted = {record.table_version for record in newest.values()}
-    details: dict[int, Mapping[str, Any]] = {}
-    for entry in entries:
-        if entry.version in wanted:
-            metadata = entry.commit_metadata
-            if metadata is not None:
-                details[entry.version] = metadata.details
-    result = {}
-    for vbucket, record in newest.items():
-        facts = details.get(record.table_version, {})
-        from_seqno = facts.get("from_seqno")
-        reason = facts.get("reason")
-        result[vbucket] = (
-            len(seen[vbucket]),
-            replace(
-                record,
-                from_seqno=int(from_seqno) if from_seqno is not None else None,
-                reason=str(reason) if reason is not None else None,
-            ),
-        )
-    return result
-
-
 def owner_statuses(records: Iterable[OwnerRecord], now: datetime) -> tuple[OwnerStatus, ...]:
     """The claims `records`, live or stale at `now`, by owner id (pure)."""
     return tuple(
@@ -550,76 +325,6 @@ def owner_statuses(records: Iterable[OwnerRecord], now: datetime) -> tuple[Owner
 
 
 @dataclass(frozen=True, slots=True)
-class MirrorReadout:
-    """What status reads of a mirror, whichever engine read it.
-
-    `checkpoints` are the committed boundaries (checkpoint rows overlaid with data commits that
-    have none yet); `streamed` the vbuckets with a stored failover log: a replicator opened
-    their streams (kept when a claim is released, which the owners table forgets).
-    """
-
-    bucket: str
-    table_version: int
-    checkpoints: Mapping[int, Checkpoint]
-    rollbacks: Mapping[int, tuple[int, RollbackRecord]]
-    owners: tuple[OwnerRecord, ...]
-    streamed: frozenset[int]
-
-
-def read_mirror(reader: TableReader, target: str, *, bucket: str | None = None) -> MirrorReadout:
-    """Read what status needs of the mirror at `target` through `reader` (writes nothing)."""
-    import pyarrow.compute as pc
-
-    from replicator.delta.checkpoints import (
-        CHECKPOINT_COLUMNS,
-        checkpoint_of_row,
-        newest_per_vbucket,
-        newest_versions_per_owner,
-    )
-    from replicator.delta.ownership import owner_record_of_row
-    from replicator.delta.schema import OWNER_SCHEMA, MirrorLayout
-
-    config = check_mirror(reader, target, bucket=bucket)
-    layout = MirrorLayout(target)
-    version = reader.version(layout.data)
-    entries = reader.history(layout.data)
-    latest: dict[int, Checkpoint] = {}
-    floors: dict[str, int] = {}
-    rollback_rows: list[Checkpoint] = []
-    if reader.is_table(layout.checkpoints):
-        rows = reader.read(layout.checkpoints, CHECKPOINT_COLUMNS)
-        latest = newest_per_vbucket(rows)
-        floors = newest_versions_per_owner(rows)
-        rolled = rows.filter(pc.is_in(rows.column("kind"), _string_array(ROLLBACK_KINDS)))
-        rollback_rows = [checkpoint_of_row(row) for row in rolled.to_pylist()]
-    checkpoints = with_pending(
-        latest, pending_checkpoints(commits_above_floors(entries, floors), floors)
-    )
-    owners: tuple[OwnerRecord, ...] = ()
-    if reader.is_table(layout.owners):
-        owner_rows = reader.read(layout.owners, OWNER_SCHEMA.fieldNames()).to_pylist()
-        owners = tuple(owner_record_of_row(row) for row in owner_rows)
-    streamed: frozenset[int] = frozenset()
-    if reader.is_table(layout.failover_logs):
-        logged = reader.read(layout.failover_logs, ["vbucket"]).column("vbucket").to_pylist()
-        streamed = frozenset(int(vb) for vb in logged)
-    return MirrorReadout(
-        bucket=config.bucket,
-        table_version=version,
-        checkpoints=checkpoints,
-        rollbacks=rollback_history(rollback_rows, checkpoints, entries),
-        owners=owners,
-        streamed=streamed,
-    )
-
-
-def _string_array(values: Iterable[str]) -> Any:
-    import pyarrow as pa
-
-    return pa.array(list(values), pa.string())
-
-
-@dataclass(frozen=True, slots=True)
 class SourceSeqnos:
     """What the producer says: its bucket, vbucket count and each active vbucket's high seqno."""
 
@@ -630,7 +335,7 @@ class SourceSeqnos:
 
 def read_source_seqnos(config: ReplicatorConfig) -> SourceSeqnos:
     """Connect to `config.source` and read every vbucket's high seqno."""
-    from replicator.pipeline.runner import connect_source
+    from replicator.source import connect_source
 
     client = connect_source(config)
     try:
@@ -663,7 +368,7 @@ def build_status(
     table_version: int,
     checked_at: datetime,
     checkpoints: Mapping[int, Checkpoint],
-    rollbacks: Mapping[int, tuple[int, RollbackRecord]],
+    rollbacks: Mapping[int, tuple[int, LastRollback]],
     owners: Sequence[OwnerRecord],
     streamed: Iterable[int] = (),
     source: SourceSeqnos | None = None,

@@ -109,7 +109,7 @@ def test_sigterm_mid_load_then_restart_equals_source_with_each_change_applied_on
 ) -> None:
     from replicator.delta.reader import SparkReader
     from replicator.delta.schema import CommitMetadata
-    from replicator.inspect.status import read_mirror
+    from replicator.inspect.mirror import read_mirror
 
     load = interrupted_load
     bucket = load.cluster.bucket

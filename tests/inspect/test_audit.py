@@ -29,30 +29,31 @@ from deltalake import DeltaTable
 
 from replicator.cli.audit import add_audit_arguments, run_audit
 from replicator.cli.main import main as replicator_main
+from replicator.delta.reader import HistoryEntry
 from replicator.delta.schema import DATA_COLUMNS, CommitMetadata, MirrorLayout
 from replicator.errors import ConfigError, NotAMirrorError
-from replicator.inspect.audit import (
+from replicator.inspect.commits import commit_activities, rollback_record, rollbacks
+from replicator.inspect.documents import (
     ChangeOperation,
     DocumentVersion,
     FieldChangeKind,
-    HistoryEntry,
-    TableVersion,
-    VersionOutOfRangeError,
-    VersionVacuumedError,
-    changes_between,
     collapse_changes,
-    commit_activities,
     diff_documents,
     document_history,
-    first_version_from,
+)
+from replicator.inspect.mirror_history import VersionOutOfRangeError, VersionVacuumedError
+from replicator.inspect.time_travel import (
+    changes_between,
     mirror_as_of,
     mirror_at_source_seqno,
-    parse_moment,
-    readable_versions,
     resolve_source_seqno,
     resolve_version,
-    rollback_record,
-    rollbacks,
+)
+from replicator.inspect.versions import (
+    TableVersion,
+    first_version_from,
+    parse_moment,
+    readable_versions,
     version_at,
 )
 from replicator.sim.bucket import Delete, DocumentRecord, SimBucket, Upsert
@@ -807,7 +808,7 @@ def test_both_engines_read_the_same_history(spark: Any, scenario: AuditScenario)
 def test_rollbacks_and_activity_are_the_same_with_either_engine(
     spark: Any, scenario: AuditScenario
 ) -> None:
-    from replicator.inspect.audit import commit_activity
+    from replicator.inspect.commits import commit_activity
 
     expected = rollbacks(spark, scenario.target)
 
@@ -866,7 +867,7 @@ def test_a_change_feed_delta_rs_misreads_is_read_with_spark_unless_delta_rs_is_n
     from dataclasses import replace
 
     from replicator.delta.reader import DeltaRsReader, SparkReader
-    from replicator.inspect.audit import MirrorHistory
+    from replicator.inspect.mirror_history import MirrorHistory
 
     history = MirrorHistory.open(DeltaRsReader(), scenario.target)
     (rollback,) = rollbacks(None, scenario.target)
@@ -921,7 +922,7 @@ def test_delta_rs_names_a_vacuumed_version_as_spark_does(
     spark: Any, scenario: AuditScenario, tmp_path: Path
 ) -> None:
     from replicator.delta.reader import DeltaRsReader
-    from replicator.inspect.audit import MirrorHistory
+    from replicator.inspect.mirror_history import MirrorHistory
 
     copy, version_b = vacuumed_copy(spark, scenario, tmp_path)
     history = MirrorHistory.open(DeltaRsReader(), copy)

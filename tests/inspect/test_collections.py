@@ -29,7 +29,7 @@ from replicator.model.positions import VbucketPosition
 
 pytestmark = pytest.mark.spark
 
-README = Path(__file__).resolve().parents[1] / "notebooks" / "README.md"
+README = Path(__file__).resolve().parents[2] / "notebooks" / "README.md"
 README_MIRROR = "demo-output/mirror"
 """The path the README's SQL examples use; the test points them at its own mirror."""
 

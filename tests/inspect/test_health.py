@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from replicator.errors import ConfigError
+from replicator.inspect.health import Health, HealthThresholds, judge
 from replicator.inspect.status import MirrorStatus, OwnerStatus, VbucketStatus
 from replicator.model.positions import VbucketPosition
-from replicator.pipeline.health import Health, HealthThresholds, judge
 
 NOW = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from replicator.errors import ConfigError
-from replicator.inspect.audit import CommitActivity
+from replicator.inspect.commits import CommitActivity
 from replicator.inspect.lag_plot import changes_per_minute, plot_status, vbucket_lag
 from replicator.inspect.status import MirrorStatus, VbucketStatus
 from replicator.model.positions import VbucketPosition

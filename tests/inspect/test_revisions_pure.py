@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from replicator.inspect.revisions import assemble_revisions
-from replicator.staging.rows import collections_with_history
+from replicator.staging.collections import collections_with_history
 
 T0 = datetime(2026, 11, 26, 12, 0, tzinfo=UTC)
 

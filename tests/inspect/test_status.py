@@ -14,13 +14,13 @@ from replicator.config import ReplicatorConfig, VbucketSelection
 from replicator.delta.checkpoints import Checkpoint
 from replicator.delta.ownership import OwnerRecord
 from replicator.errors import ConfigError, NotAMirrorError
+from replicator.inspect.formatting import align_columns
+from replicator.inspect.mirror import LastRollback
 from replicator.inspect.status import (
     MirrorStatus,
     OwnerStatus,
-    RollbackRecord,
     SourceSeqnos,
     VbucketStatus,
-    align_columns,
     build_status,
     selected_vbuckets,
 )
@@ -47,7 +47,7 @@ def status_of(*vbuckets: VbucketStatus, with_source: bool = False, **kw: Any) ->
 
 
 def test_summary_line_adds_up_the_vbuckets_and_owners() -> None:
-    rollback = RollbackRecord("rollback", T1, 7, to_seqno=40, from_seqno=55, reason="failover")
+    rollback = LastRollback("rollback", T1, 7, to_seqno=40, from_seqno=55, reason="failover")
     status = status_of(
         vb_status(0, 120, high=130),
         vb_status(1, 40, high=40, rollbacks=2, last_rollback=rollback, committed_at=T1),
@@ -110,7 +110,7 @@ def test_many_vbuckets_in_identical_state_fold_into_ranges() -> None:
 
 
 def test_json_has_the_summary_and_every_vbucket() -> None:
-    rollback = RollbackRecord("resync", T1, 7, to_seqno=0)
+    rollback = LastRollback("resync", T1, 7, to_seqno=0)
     status = status_of(
         vb_status(0, 120, high=130), vb_status(1, 3, rollbacks=1, last_rollback=rollback),
         with_source=True,
@@ -406,8 +406,8 @@ def test_open_mirror_refuses_what_is_not_a_mirror(spark: Any, tmp_path: Path) ->
     from replicator.delta.reader import DeltaRsReader
     from replicator.delta.schema import MirrorConfig
     from replicator.delta.table import open_or_create
-    from replicator.inspect.status import check_mirror
-    from replicator.inspect.status import open_mirror as open_with_spark
+    from replicator.inspect.mirror import check_mirror
+    from replicator.inspect.mirror import open_mirror as open_with_spark
 
     def open_mirror(target: str, bucket: str | None = None) -> Any:
         """Open with Spark, after checking delta-rs accepts or refuses it the same way."""

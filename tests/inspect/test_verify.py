@@ -23,20 +23,19 @@ from replicator.dcp.protocol.events import (
     SystemEventType,
 )
 from replicator.errors import ProtocolError
-from replicator.inspect.verify import (
-    ContentDigest,
+from replicator.inspect.fingerprints import ContentDigest, row_fingerprint
+from replicator.inspect.mirror_scan import MirrorDocument
+from replicator.inspect.source_scan import SourceVbucketScan, VerifyInterrupted
+from replicator.inspect.verdicts import (
     Difference,
-    MirrorDocument,
-    SourceVbucketScan,
     VbucketVerdict,
     Verdict,
-    VerifyInterrupted,
     VerifyReport,
     boundary_verdict,
     compare_documents,
-    row_fingerprint,
 )
-from replicator.staging.rows import ChangeRowConverter, CollectionRegistry
+from replicator.staging.collections import CollectionRegistry
+from replicator.staging.rows import ChangeRowConverter
 
 NOW = 1_800_000_000
 HOTELS = 0x9
@@ -314,7 +313,8 @@ def mirror_rows() -> list[tuple[Any, ...]]:
 @pytest.mark.spark
 def test_spark_fingerprints_and_digests_match_python(spark: Any) -> None:
     from replicator.delta.schema import DATA_SCHEMA
-    from replicator.inspect.verify import fingerprint_column, mirror_digests, mirror_expired_keys
+    from replicator.inspect.fingerprints import fingerprint_column
+    from replicator.inspect.mirror_scan import mirror_digests, mirror_expired_keys
 
     frame = spark.createDataFrame(mirror_rows()[:4], DATA_SCHEMA)
     got = {r["key"]: r["f"] for r in frame.select("key", fingerprint_column().alias("f")).collect()}
@@ -340,7 +340,7 @@ def test_the_mirror_scan_digests_a_delta_table_as_spark_does(
 
     from replicator.delta.reader import table_reader
     from replicator.delta.schema import DATA_SCHEMA
-    from replicator.inspect.verify import (
+    from replicator.inspect.mirror_scan import (
         MirrorScan,
         mirror_digests,
         mirror_documents,
