@@ -53,7 +53,7 @@ class CommandTiming:
     @property
     def answered(self) -> bool:
         """The command gave its answer: exit 0, or (status) a health verdict's exit code."""
-        from replicator.pipeline.health import Health
+        from replicator.inspect.health import Health
 
         return self.exit_code in {state.exit_code for state in Health}
 

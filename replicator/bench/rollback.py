@@ -24,12 +24,12 @@ from replicator.delta.checkpoints import CheckpointsTable
 from replicator.delta.executor import CommitExecutor
 from replicator.delta.ownership import OwnersTable
 from replicator.delta.rollback import plan_rollback, rollback_vbucket, time_travel_horizon
-from replicator.delta.schema import DATA_COLUMNS, UPSERT, MirrorConfig
+from replicator.delta.schema import DATA_COLUMNS, MirrorConfig
 from replicator.delta.table import MirrorTable, open_or_create
 from replicator.errors import ReplicatorError
 from replicator.model.positions import FailoverLog, VbucketPosition
 from replicator.planning.planner import CommitBatch, CommitTrigger, VbucketCommit
-from replicator.staging.rows import CHANGE_SCHEMA
+from replicator.staging.rows import CHANGE_SCHEMA, UPSERT
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -70,7 +70,7 @@ def measure_transaction_source(
     Workload(WORKLOAD).write_log(log, transactions)
     log_run = _timed(spark, LogFileSource(log), work / "drizzle" / "from-log", "log")
     try:
-        from replicator.drizzle.amqp import TransactionPublisher
+        from replicator.drizzle.amqp.publisher import TransactionPublisher
         from replicator.drizzle.broker import LocalBroker, RabbitMQNotInstalled
 
         broker = LocalBroker()

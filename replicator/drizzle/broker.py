@@ -1,5 +1,9 @@
 """A private RabbitMQ broker on this host, for the tests, the demo and the benchmark.
 
+Over 500 lines on purpose: it is one concern, a private node's life (finding the installation,
+its files and environment, start, stop, control), whose parts share the node's ports,
+directories and identity; stopping processes and reading logs are in replicator.runtime.processes.
+
 `LocalBroker` runs Debian's `rabbitmq-server` (3.10; `apt-get install -y rabbitmq-server`) as a
 child process with everything of its own, so that it neither meets nor disturbs a system broker
 (the Debian package may start one on 5672 with node `rabbit@HOST`) or another `LocalBroker`:
@@ -44,8 +48,11 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO
 
-from replicator.drizzle.amqp import AmqpError, AmqpSource, ConnectionSettings, check_source
+from replicator.drizzle.amqp.connection import ConnectionSettings, check_source
+from replicator.drizzle.amqp.errors import AmqpError
+from replicator.drizzle.amqp.source import AmqpSource
 from replicator.errors import ReplicatorError
+from replicator.runtime.processes import end_process_group, log_tail, one_line
 from replicator.runtime.standalone import free_port
 
 log = logging.getLogger(__name__)
@@ -263,13 +270,15 @@ class LocalBroker:
         epmd, self._epmd = self._epmd, None
         try:
             if server is not None:
-                _end(server, signal.SIGTERM, self.settings.stop_timeout_s)
+                end_process_group(
+                    server, self.settings.stop_timeout_s, first=signal.SIGTERM, whole_group=False
+                )
             if epmd is not None:
                 # Closing its stdin ends the watching shell, which ends epmd.
                 with contextlib.suppress(OSError):
                     if epmd.stdin is not None:
                         epmd.stdin.close()
-                _end(epmd, None, self.settings.stop_timeout_s)
+                end_process_group(epmd, self.settings.stop_timeout_s, first=None)
             self._end_strays()
         finally:
             for output in self._outputs:
@@ -317,7 +326,7 @@ class LocalBroker:
             error = result.stderr.decode(errors="replace").strip() or output.strip()
             raise BrokerError(
                 f"rabbitmqctl {' '.join(arguments)} against {self.node_name} failed with exit "
-                f"code {result.returncode}: {_tail_text(error)}"
+                f"code {result.returncode}: {one_line(error)}"
             )
         return output
 
@@ -486,7 +495,7 @@ class LocalBroker:
         parts = []
         for path in (self.log_path, self._dir("server.out"), self._dir("epmd.out")):
             # The node never logs the password; scrubbed all the same, as errors carry this.
-            text = _tail(path).replace(self._password, "***")
+            text = log_tail(path).replace(self._password, "***")
             if text:
                 parts.append(f"{path}: {text}")
         return " | ".join(parts) or f"no log in {self.work_dir}"
@@ -521,22 +530,6 @@ def broker_processes(broker_id: str) -> list[int]:
     return found
 
 
-def _end(process: subprocess.Popen[bytes], first: signal.Signals | None, grace_s: float) -> None:
-    """Send `first` (if any) and wait `grace_s`; then SIGKILL the process's group."""
-    if process.poll() is None and first is not None:
-        with contextlib.suppress(ProcessLookupError):
-            process.send_signal(first)
-    try:
-        process.wait(grace_s)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait(grace_s)
-    if process.stdin is not None:
-        with contextlib.suppress(OSError):
-            process.stdin.close()
-
-
 def _write_private(path: Path, text: str, *, mode: int = 0o600) -> None:
     # The config holds the broker user's password, the cookie gives control of the node.
     with contextlib.suppress(FileNotFoundError):
@@ -545,19 +538,6 @@ def _write_private(path: Path, text: str, *, mode: int = 0o600) -> None:
     with os.fdopen(descriptor, "w") as file:
         file.write(text)
     path.chmod(mode)
-
-
-def _tail(path: Path, lines: int = 8) -> str:
-    try:
-        text = path.read_text(errors="replace").strip().splitlines()
-    except OSError:
-        return ""
-    return _tail_text("\n".join(text[-lines:]))
-
-
-def _tail_text(text: str, limit: int = 1500) -> str:
-    text = " / ".join(line.strip() for line in text.splitlines() if line.strip())
-    return text if len(text) <= limit else "..." + text[-limit:]
 
 
 __all__ = [

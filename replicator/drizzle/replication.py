@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -39,6 +39,7 @@ from replicator.drizzle.schema import TableDefinition, TableName
 from replicator.drizzle.sources import MessageSource, Settlement, SourceMessage
 from replicator.drizzle.spill import SpillingSegmentStore
 from replicator.errors import ReplicatorError
+from replicator.model.aliases import FaultHook
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -51,8 +52,6 @@ APP_ID = "replicator-drizzle"
 FAULT_STEPS = ("after_journal", "after_table_commit", "after_group", "after_settle")
 """Where the fault hook is called for each group, in order (`after_table_commit` once per
 table): tests stop the run there to check that a restart loses and repeats nothing."""
-
-FaultHook = Callable[[str], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -379,7 +378,7 @@ def open_source(config: ReplicatorConfig) -> MessageSource:
     A log is followed as it grows unless the run stops once caught up. The queue's password
     comes from REPLICATOR_PASSWORD / _FILE when set (the user from the URL), never a flag.
     """
-    from replicator.drizzle.amqp import AmqpSource
+    from replicator.drizzle.amqp.source import AmqpSource
     from replicator.drizzle.sources import LogFileSource, QueueSource, parse_source
 
     kind, location = parse_source(config.source)

@@ -19,7 +19,8 @@ from typing import Protocol
 
 from google.protobuf.message import DecodeError
 
-from replicator.drizzle.amqp import DEFAULT_PREFETCH, AmqpSource, TransactionConsumer
+from replicator.drizzle.amqp.consumer import DEFAULT_PREFETCH, TransactionConsumer
+from replicator.drizzle.amqp.source import AmqpSource
 from replicator.drizzle.errors import MalformedTransactionError
 from replicator.drizzle.log import LogEntry, TransactionLogReader, missing_required_fields
 from replicator.drizzle.proto.transaction_pb2 import Transaction

@@ -13,10 +13,8 @@ ends the executors a worker forked.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -29,9 +27,13 @@ from types import TracebackType
 from typing import Any
 
 from replicator.errors import ReplicatorError
+from replicator.runtime.processes import end_process_group, log_tail
 
 DAEMON_MEMORY = "256m"
 """Heap of the master and worker daemons themselves (Spark's default 1g is wasted here)."""
+
+_STOP_GRACE_S = 10.0
+"""How long a daemon may take to end after SIGTERM before its process group is killed."""
 
 
 class StandaloneClusterError(ReplicatorError):
@@ -200,7 +202,7 @@ class StandaloneCluster:
     def stop(self) -> None:
         """End every process this cluster started (and their children), workers first."""
         for _name, process, _log in reversed(self._processes):
-            _end_process_group(process)
+            end_process_group(process, _STOP_GRACE_S)
         self._processes.clear()
 
     def __enter__(self) -> StandaloneCluster:
@@ -337,9 +339,10 @@ class StandaloneCluster:
         while not condition():
             for name, process, log_path in self._processes:
                 if process.poll() is not None:
+                    tail = log_tail(log_path, 5) or f"(no log, or an empty one, at {log_path})"
                     raise StandaloneClusterError(
                         f"the Spark {name} exited with code {process.returncode} while waiting "
-                        f"for {what}: {_log_tail(log_path)}"
+                        f"for {what}: {tail}"
                     )
             if time.monotonic() > deadline:
                 raise StandaloneClusterError(
@@ -366,27 +369,6 @@ def executor_task_counts(event_log_dir: Path) -> dict[str, int]:
                 executor = str(info.get("Executor ID", "?"))
                 counts[executor] = counts.get(executor, 0) + 1
     return counts
-
-
-def _end_process_group(process: subprocess.Popen[bytes], grace_s: float = 10.0) -> None:
-    if process.poll() is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGTERM)
-    try:
-        process.wait(grace_s)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait(grace_s)
-
-
-def _log_tail(path: Path, lines: int = 5) -> str:
-    try:
-        text = path.read_text(errors="replace").strip().splitlines()
-    except OSError:
-        return f"(no log at {path})"
-    return " / ".join(text[-lines:]) or f"(empty log {path})"
 
 
 __all__ = [

@@ -1,7 +1,9 @@
 """Soak testing: the SIGKILL crash loop against the embedded producer, and its figures.
 
->>> from replicator.soak import CrashLoopSettings, run_crash_loop  # doctest: +SKIP
->>> report = run_crash_loop(CrashLoopSettings(work_dir=Path("soak"), kills=20), spark)  # +SKIP
+>>> from pathlib import Path
+>>> from replicator.soak import CrashLoopSettings, run_crash_loop
+>>> settings = CrashLoopSettings(work_dir=Path("soak"), kills=20)
+>>> report = run_crash_loop(settings, spark)  # doctest: +SKIP
 >>> print(report.render())  # doctest: +SKIP
 """
 

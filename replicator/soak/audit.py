@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from replicator.delta.schema import COMMIT, DATA_COLUMNS, RESYNC, ROLLBACK
 from replicator.errors import ReplicatorError
+from replicator.model.aliases import DocumentKey
 from replicator.sim.bucket import DocumentRecord, SimBucket
 from replicator.soak.table_log import TableCommit, read_commit, table_versions
 
@@ -36,9 +37,6 @@ if TYPE_CHECKING:
 
 MirrorRow = tuple[Any, ...]
 """A data table row: the values of DATA_COLUMNS, in order."""
-
-DocumentId = tuple[int, str]
-"""(collection_id, key) within one vbucket."""
 
 _REMOVALS = ("delete", "update_preimage")
 _WRITES = ("insert", "update_postimage")
@@ -86,7 +84,7 @@ def mirror_row(row: Any) -> MirrorRow:
     return tuple(values)
 
 
-def _identity(row: MirrorRow) -> tuple[int, DocumentId]:
+def _identity(row: MirrorRow) -> tuple[int, DocumentKey]:
     return int(row[0]), (int(row[3]), str(row[4]))
 
 
@@ -97,7 +95,7 @@ class MirrorAudit:
         self._spark = spark
         self._target = target
         self._bucket = bucket
-        self._state: dict[int, dict[DocumentId, MirrorRow]] = {}
+        self._state: dict[int, dict[DocumentKey, MirrorRow]] = {}
         self._applied: set[tuple[int, int, str, int, int]] = set()
         self._last_version = -1
         self._committed: dict[int, list[int]] = {}
@@ -138,7 +136,7 @@ class MirrorAudit:
 
     def check_equals_producer(self) -> None:
         """The newest checked version holds exactly the producer's live documents."""
-        expected: dict[int, dict[DocumentId, MirrorRow]] = {}
+        expected: dict[int, dict[DocumentKey, MirrorRow]] = {}
         for record in self._bucket.documents():
             row = expected_row(record)
             vbucket, identity = _identity(row)
@@ -257,7 +255,7 @@ class MirrorAudit:
             .select(*DATA_COLUMNS)
             .collect()
         )
-        table: dict[int, dict[DocumentId, MirrorRow]] = {}
+        table: dict[int, dict[DocumentKey, MirrorRow]] = {}
         for row in rows:
             values = mirror_row(row)
             vbucket, identity = _identity(values)
@@ -270,7 +268,7 @@ class MirrorAudit:
 
 
 def _compare(
-    actual: Mapping[DocumentId, MirrorRow], expected: Mapping[DocumentId, MirrorRow], what: str
+    actual: Mapping[DocumentKey, MirrorRow], expected: Mapping[DocumentKey, MirrorRow], what: str
 ) -> None:
     if actual == expected:
         return
@@ -287,7 +285,7 @@ def _compare(
     raise MirrorViolation(f"{what}: " + "; ".join(d for d in details if d))
 
 
-def _listing(label: str, identities: Iterable[DocumentId]) -> str:
+def _listing(label: str, identities: Iterable[DocumentKey]) -> str:
     shown = list(identities)
     if not shown:
         return ""

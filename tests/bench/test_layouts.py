@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from replicator.bench.layouts import LAYOUTS, measure_candidate
+from replicator.bench.layouts.runs import measure_candidate
+from replicator.bench.layouts.workload import LAYOUTS
 
 pytestmark = pytest.mark.spark
 

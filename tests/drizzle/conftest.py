@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from replicator.drizzle.amqp import AmqpSource
+from replicator.drizzle.amqp.source import AmqpSource
 from replicator.drizzle.broker import LocalBroker, RabbitMQNotInstalled
 
 

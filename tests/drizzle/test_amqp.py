@@ -19,18 +19,16 @@ from pathlib import Path
 
 import pytest
 
-from replicator.drizzle.amqp import (
-    AmqpSource,
+from replicator.drizzle.amqp.connection import ConnectionSettings, check_source
+from replicator.drizzle.amqp.consumer import Delivery, TransactionConsumer
+from replicator.drizzle.amqp.errors import (
     BrokerAuthenticationError,
     BrokerConnectionLost,
     BrokerUnreachableError,
-    ConnectionSettings,
-    Delivery,
     QueueNotFoundError,
-    TransactionConsumer,
-    TransactionPublisher,
-    check_source,
 )
+from replicator.drizzle.amqp.publisher import TransactionPublisher
+from replicator.drizzle.amqp.source import AmqpSource
 from replicator.drizzle.assembly import (
     MessageSkipped,
     TransactionAssembler,

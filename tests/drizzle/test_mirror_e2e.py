@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from replicator.drizzle.amqp import AmqpSource, TransactionPublisher
+from replicator.drizzle.amqp.publisher import TransactionPublisher
+from replicator.drizzle.amqp.source import AmqpSource
 from replicator.drizzle.errors import SegmentGapError
 from replicator.drizzle.log import TransactionLogWriter, read_transaction_log
 from replicator.drizzle.planning import UnsupportedChange

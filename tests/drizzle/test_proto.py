@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import doctest
-import importlib
-
 import pytest
 
 from replicator.drizzle.proto import regenerate
@@ -69,19 +66,3 @@ def test_field_numbers_are_drizzles() -> None:
         "BOOLEAN": 13, "IPV6": 14,
     }  # fmt: skip
     assert Transaction.DESCRIPTOR.full_name == "drizzled.message.Transaction"
-
-
-@pytest.mark.parametrize(
-    "module",
-    [
-        "replicator.drizzle.assembly",
-        "replicator.drizzle.encode",
-        "replicator.drizzle.log",
-        "replicator.drizzle.state",
-        "replicator.drizzle.workload",
-    ],
-)
-def test_docstring_examples_run(module: str) -> None:
-    results = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS)
-    assert results.attempted > 0
-    assert results.failed == 0
