@@ -23,6 +23,7 @@ LONGEST_FIRST = (
     "tests/test_rollback_e2e.py",
     "tests/test_never_silent.py",
     "tests/test_quiet_run.py",
+    "tests/test_readme.py",
     "tests/cli/test_clean_stop.py",
     "tests/cli/test_metrics.py",
     "tests/delta/test_recovery.py",

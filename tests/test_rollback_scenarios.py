@@ -19,9 +19,9 @@ from delta.tables import DeltaTable
 from replicator.delta.schema import COMMIT, ROLLBACK
 from replicator.delta.table import table_version
 from replicator.pipeline.replication import Replication
-from replicator.sim import commands
 from replicator.sim.bucket import SimBucket
 from replicator.sim.cluster import SimCluster
+from replicator.sim.commands import dcp_streams
 from replicator.sim.workload import Workload, WorkloadMix, initial_load
 from tests.mirror_check import (
     LostBranch,
@@ -250,14 +250,14 @@ def test_purge_below_the_committed_position_resumes_without_rollback_and_sends_t
     purge_seqno = cluster.purge_tombstones(ROLLED, up_to=last_delete)
     assert 0 < purge_seqno < committed
     sent: list[int | None] = []
-    parse = commands._stream_options
+    parse = dcp_streams._stream_options
 
     def recording(value: bytes) -> Any:
         options = parse(value)
         sent.append(options.purge_seqno)
         return options
 
-    monkeypatch.setattr(commands, "_stream_options", recording)
+    monkeypatch.setattr(dcp_streams, "_stream_options", recording)
 
     # The first resume knows no purge yet; its snapshots' v2.2 markers carry the purge seqno.
     write_docs(bucket, ROLLED, 2, "first-resume")

@@ -20,10 +20,11 @@ import pytest
 from replicator.cli.main import EXIT_OK, EXIT_USAGE, main
 from replicator.config import ReplicatorConfig, Secret
 from replicator.errors import AuthenticationError, ConfigError, TlsError
-from replicator.pipeline.runner import connect_source, run_replication
+from replicator.pipeline.runner import run_replication
 from replicator.sim.bucket import SimBucket
 from replicator.sim.cluster import SimCluster, server_tls_context
 from replicator.sim.workload import Workload, initial_load
+from replicator.source import connect_source
 from tests.cli import assert_one_line_error, clean_env, run_cli
 from tests.dcp.scripted_peer import PeerBehaviour, ScriptedPeer, make_tls_files
 from tests.mirror_check import assert_mirror_equals_bucket

@@ -10,6 +10,7 @@ concurrent commit of the same partition (forced below) is retried and lands once
 from __future__ import annotations
 
 import json
+import math
 import signal
 import subprocess
 import threading
@@ -18,11 +19,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from delta.exceptions import (
+    ConcurrentAppendException,
+    ConcurrentDeleteReadException,
+    ConcurrentTransactionException,
+)
 
+from replicator.delta.conflicts import ConflictRetry, delta_conflict_name
 from replicator.delta.executor import CommitExecutor
 from replicator.delta.ownership import OwnersTable
 from replicator.delta.schema import CommitMetadata, MirrorConfig
-from replicator.delta.table import ConflictRetry, delta_conflict_name, open_or_create
+from replicator.delta.table import open_or_create
+from replicator.model.backoff import Backoff
 from replicator.sim.bucket import SimBucket
 from replicator.sim.cluster import SimCluster
 from replicator.sim.workload import Workload, initial_load, run_workload
@@ -208,36 +216,28 @@ def test_two_shards_with_failovers_mirror_the_bucket_and_lose_no_commit(
 # --- conflicts -------------------------------------------------------------------------------
 
 
-class FakeEngineError(Exception):
-    """Stands in for a py4j-captured Delta exception: its text names the Java class."""
-
-
 @pytest.mark.parametrize(
-    ("text", "expected"),
+    ("error", "expected"),
     [
-        ("io.delta.exceptions.ConcurrentAppendException: [DELTA_CONCURRENT_APPEND] Files "
-         "were added to partition [vbucket=3]", "ConcurrentAppendException"),
-        ("io.delta.exceptions.ConcurrentDeleteReadException: [DELTA_CONCURRENT_DELETE_READ]",
+        (ConcurrentAppendException("[DELTA_CONCURRENT_APPEND] Files were added to partition "
+                                   "[vbucket=3]"), "ConcurrentAppendException"),
+        (ConcurrentDeleteReadException("[DELTA_CONCURRENT_DELETE_READ]"),
          "ConcurrentDeleteReadException"),
-        ("io.delta.exceptions.ConcurrentTransactionException: [DELTA_CONCURRENT_TRANSACTION]",
+        (ConcurrentTransactionException("[DELTA_CONCURRENT_TRANSACTION]"),
          "ConcurrentTransactionException"),
-        ("org.apache.spark.SparkException: Job aborted", None),
+        (RuntimeError("ConcurrentAppendException named in the text of another error"), None),
     ],
 )
-def test_delta_conflicts_are_named_from_the_engine_message(
-    text: str, expected: str | None
+def test_delta_conflicts_are_named_from_their_exception_class(
+    error: Exception, expected: str | None
 ) -> None:
-    assert delta_conflict_name(FakeEngineError(text)) == expected
+    assert delta_conflict_name(error) == expected
 
 
-def test_conflict_backoff_doubles_up_to_its_cap_and_is_bounded() -> None:
-    policy = ConflictRetry(attempts=5, first_backoff_s=0.1, max_backoff_s=0.5)
-    assert [policy.backoff_s(n) for n in range(1, 6)] == [0.1, 0.2, 0.4, 0.5, 0.5]
-    assert policy.backoff_s(3, jitter=0.5) == pytest.approx(0.2)
+def test_conflict_retries_are_bounded_and_paced_by_the_shared_backoff() -> None:
+    assert ConflictRetry().backoff == Backoff(initial=0.2, maximum=5.0, deadline=math.inf)
     with pytest.raises(ValueError, match="attempts"):
         ConflictRetry(attempts=0)
-    with pytest.raises(ValueError, match="backoffs"):
-        ConflictRetry(first_backoff_s=2.0, max_backoff_s=1.0)
 
 
 @pytest.mark.spark
