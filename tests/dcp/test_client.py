@@ -306,8 +306,9 @@ def test_temporary_failure_is_retried_with_backoff(peer: ScriptedPeer) -> None:
         assert len({r.opaque for r in requests}) == 3  # each attempt is a new stream id
         assert consumer.events == [StreamOpened(0, DEFAULT_FAILOVER_LOG)]
     first_gap, second_gap = arrivals[1] - arrivals[0], arrivals[2] - arrivals[1]
-    assert first_gap >= 0.05 and second_gap >= 0.2  # never sooner than the backoff says
-    assert second_gap > first_gap  # the spacing grows
+    # Never sooner than the backoff says; the second wait is the longer one (0.2 s against
+    # 0.05 s). Only lower bounds: a loaded machine can make any wait longer.
+    assert first_gap >= 0.05 and second_gap >= 0.2
 
 
 def test_temporary_failure_past_the_deadline_is_raised(peer: ScriptedPeer) -> None:
