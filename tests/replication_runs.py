@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from replicator.config import ReplicatorConfig, Secret
-from replicator.delta.executor import FaultHook
+from replicator.model.aliases import FaultHook
 from replicator.pipeline.replication import Replication, ReplicationSummary
 from replicator.pipeline.runner import BackgroundRun, run_replication
 from replicator.sim.cluster import DEFAULT_PASSWORD, SimCluster

@@ -41,7 +41,6 @@ pytestmark = pytest.mark.spark
 VBUCKETS = 8
 NO_EXPIRIES = WorkloadMix(inserts=4, updates=4, deletes=2, expiries=0)
 """Writes only: a TTL of seconds could lapse before a loaded machine streams the document."""
-FaultHook = Callable[[str], None]
 
 
 def settings(cluster: SimCluster, tmp_path: Path, **overrides: Any) -> ReplicatorConfig:

@@ -60,6 +60,7 @@ from replicator.delta.table import (
     reset_last_commit_version,
 )
 from replicator.errors import OwnershipConflict, ReplicatorError
+from replicator.model.aliases import FaultHook
 from replicator.model.positions import VbucketPosition
 from replicator.planning.planner import CommitBatch, VbucketCommit, history_revisions
 from replicator.staging.rows import DELETE, UPSERT
@@ -73,8 +74,6 @@ if TYPE_CHECKING:
 FAULT_STEPS = ("before_data_commit", "after_data_commit", "after_checkpoint")
 """Steps at which the fault hook is called, in order, for each data commit. `after_checkpoint`
 comes once the commit's checkpoint rows are written or queued for the next flush."""
-
-FaultHook = Callable[[str], None]
 
 class WriteStrategy(enum.Enum):
     """How a commit writes its rows (named as dbt-spark names its incremental strategies)."""

@@ -17,9 +17,6 @@ if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import Column
 
-DocumentKey = tuple[int, str]
-"""(collection_id, key): a document's identity within a vbucket."""
-
 _FIELD_SEPARATOR = "\x1f"
 _FINGERPRINT_HEX_DIGITS = 15
 """60 bits of the md5: fits a signed 64-bit Spark long, so both sides compute the same value."""

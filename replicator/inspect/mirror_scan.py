@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, NamedTuple, Protocol
 from replicator.inspect.fingerprints import (
     SUM_SHIFT,
     ContentDigest,
-    DocumentKey,
     RowColumns,
     fingerprint_column,
 )
+from replicator.model.aliases import DocumentKey
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame

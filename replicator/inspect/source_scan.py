@@ -27,7 +27,8 @@ from replicator.dcp.protocol.events import (
     SystemEvent,
 )
 from replicator.errors import ProtocolError, ReplicatorError
-from replicator.inspect.fingerprints import DocumentKey, RowColumns
+from replicator.inspect.fingerprints import RowColumns
+from replicator.model.aliases import DocumentKey
 from replicator.model.positions import VbucketPosition
 from replicator.staging.assembly import SnapshotAssembler
 from replicator.staging.rows import DELETE, ChangeRowConverter

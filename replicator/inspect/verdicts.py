@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from replicator.inspect.fingerprints import DocumentKey
     from replicator.inspect.mirror_scan import MirrorDocument
     from replicator.inspect.source_scan import SourceVbucketScan
+    from replicator.model.aliases import DocumentKey
 
 
 class Verdict(enum.Enum):

@@ -59,11 +59,12 @@ from replicator.dcp.cluster.queries import ClusterQueries
 from replicator.dcp.cluster.routing import StreamRouter
 from replicator.dcp.cluster.state import ClientState
 from replicator.dcp.cluster.stream_table import StreamTable
-from replicator.dcp.cluster.streams import CommittedPosition, StreamState
+from replicator.dcp.cluster.streams import StreamState
 from replicator.dcp.protocol.pushes import ClustermapChangeNotification
 from replicator.dcp.transport.auth import Credentials
 from replicator.dcp.transport.connection import Delivered, NodeConnection
 from replicator.errors import ConfigError, ReplicatorError
+from replicator.model.aliases import CommittedPosition
 from replicator.model.positions import MAX_SEQNO, FailoverLog, VbucketPosition
 
 log = logging.getLogger(__name__)

@@ -25,7 +25,6 @@ from replicator.dcp.cluster.options import ClientOptions
 from replicator.dcp.cluster.state import ClientState
 from replicator.dcp.cluster.stream_table import StreamTable
 from replicator.dcp.cluster.streams import (
-    CommittedPosition,
     EndAction,
     OutcomeKind,
     StreamState,
@@ -49,6 +48,7 @@ from replicator.dcp.protocol.responses import Response, vbucket_seqnos_of
 from replicator.dcp.transport.connection import Delivered, NodeConnection
 from replicator.dcp.transport.pending import next_opaque
 from replicator.errors import ConfigError, ConnectionLostError, ProtocolError
+from replicator.model.aliases import CommittedPosition
 from replicator.model.positions import MAX_SEQNO, FailoverLog, VbucketPosition
 
 log = logging.getLogger(__name__)

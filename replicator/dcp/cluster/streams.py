@@ -13,7 +13,6 @@ anything is sent (java-dcp-client#41 lost updates by breaking it).
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from replicator.dcp.protocol.dcp_requests import StreamRequest
@@ -28,10 +27,6 @@ from replicator.dcp.protocol.responses import (
 from replicator.errors import ConfigError, ProtocolError
 from replicator.model.backoff import Backoff
 from replicator.model.positions import MAX_SEQNO, FailoverLog, VbucketPosition
-
-CommittedPosition = Callable[[int], tuple[VbucketPosition, FailoverLog | None]]
-"""The layer above's answer to "where does vbucket N resume?": its committed boundary and the
-failover log it persisted (None when it has none yet, only valid at seqno 0)."""
 
 
 def plan_stream_request(
