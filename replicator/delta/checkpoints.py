@@ -14,8 +14,14 @@ from datetime import datetime
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
-from replicator.delta.schema import CHECKPOINT_SCHEMA, txn_app_id
-from replicator.delta.table import SESSION_WRITE_LOCK, CommitRecord, MirrorTable, as_utc
+from replicator.delta.schema import CHECKPOINT_SCHEMA, in_list, txn_app_id
+from replicator.delta.table import (
+    SESSION_WRITE_LOCK,
+    CommitRecord,
+    MirrorTable,
+    as_utc,
+    only_created,
+)
 from replicator.model.positions import VbucketPosition
 
 if TYPE_CHECKING:
@@ -114,14 +120,12 @@ class CheckpointsTable:
 
     def latest(self, vbuckets: Iterable[int] | None = None) -> dict[int, Checkpoint]:
         """The newest checkpoint (highest table version) of each vbucket that has one."""
-        from pyspark.sql import functions as F
-
         frame = self.read()
         if vbuckets is not None:
             wanted = sorted(set(vbuckets))
             if not wanted:
                 return {}
-            frame = frame.where(F.col("vbucket").isin(wanted))
+            frame = frame.where(in_list("vbucket", wanted))
         rows = _newest_per_vbucket(frame).collect()
         return {int(row["vbucket"]): checkpoint_of_row(row) for row in rows}
 
@@ -134,13 +138,15 @@ class CheckpointsTable:
         from pyspark.sql import functions as F
 
         wanted = sorted(set(vbuckets))
+        if only_created(self.spark, self.path):
+            return CheckpointsOverview(newest_versions={}, newest_batches={}, latest={})
         frame = self.read()
         by_owner = (
             frame.groupBy("owner_id")
             .agg(F.max("table_version").alias("table_version"), F.max("batch_id").alias("batch_id"))
             .withColumn("per_owner", F.lit(True))
         )
-        in_wanted = frame.where(F.col("vbucket").isin(wanted) if wanted else F.lit(False))
+        in_wanted = frame.where(in_list("vbucket", wanted))
         newest = _newest_per_vbucket(in_wanted).withColumn("per_owner", F.lit(False))
         rows = by_owner.unionByName(newest, allowMissingColumns=True).collect()
         owner_rows = [row for row in rows if row["per_owner"]]

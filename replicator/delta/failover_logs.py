@@ -17,8 +17,8 @@ from decimal import Decimal
 from typing import TYPE_CHECKING
 
 from replicator.delta.conflicts import retry_on_conflict
-from replicator.delta.schema import FAILOVER_LOG_SCHEMA
-from replicator.delta.table import SESSION_WRITE_LOCK, MirrorTable, now_utc
+from replicator.delta.schema import FAILOVER_LOG_SCHEMA, in_list
+from replicator.delta.table import SESSION_WRITE_LOCK, MirrorTable, now_utc, only_created
 from replicator.model.positions import FailoverLog
 
 if TYPE_CHECKING:
@@ -63,12 +63,14 @@ class FailoverLogsTable:
         """The stored failover log of every vbucket that has one (or of the given ones)."""
         from pyspark.sql import functions as F
 
+        if only_created(self.spark, self.path):
+            return {}
         frame = self.spark.read.format("delta").load(self.path)
         if vbuckets is not None:
             wanted = sorted(set(vbuckets))
             if not wanted:
                 return {}
-            frame = frame.where(F.col("vbucket").isin(wanted))
+            frame = frame.where(in_list("vbucket", wanted))
         newest = frame.groupBy("vbucket").agg(
             F.max_by("entries", "updated_at").alias("entries")
         )

@@ -287,6 +287,23 @@ def vbucket_group_width(num_vbuckets: int) -> int:
     return max(1, -(-num_vbuckets // VBUCKET_GROUPS))
 
 
+def in_list(column: str, values: Iterable[int]) -> str:
+    """SQL for `column` being one of the integers `values` (pure; an empty list matches nothing).
+
+    A filter as text: Column.isin converts each literal through py4j, about 0.5 ms apiece, so
+    1024 vbuckets cost half a second before Spark sees the query.
+
+    >>> in_list("vbucket", [3, 1, 3])
+    'vbucket IN (1, 3)'
+    >>> in_list("vbucket", [])
+    'FALSE'
+    """
+    wanted = sorted({int(value) for value in values})
+    if not wanted:
+        return "FALSE"
+    return f"{column} IN ({', '.join(str(value) for value in wanted)})"
+
+
 @dataclass(frozen=True, slots=True)
 class DataLayout:
     """How the data table is partitioned, and the literal predicates that prune it.
@@ -320,8 +337,7 @@ class DataLayout:
         if not wanted:
             raise ValueError("a predicate needs at least one vbucket")
         prefix = f"{alias}." if alias else ""
-        listed = ", ".join(str(vb) for vb in wanted)
-        by_vbucket = f"{prefix}vbucket IN ({listed})"
+        by_vbucket = in_list(f"{prefix}vbucket", wanted)
         if self.group_width is None:
             return by_vbucket
         groups = ", ".join(str(g) for g in self.groups(wanted))
