@@ -1,12 +1,14 @@
 """One writer per vbucket: claims with leases in the owners table, and fencing before commits.
 
 A claim is refused while another live owner (heartbeat within its lease) holds any of the
-vbuckets, or runs under the same owner id (it would share our Delta txnAppId). Claims are a
-MERGE that reads the whole owners table, so two claimers committing at once conflict in Delta's
-optimistic concurrency; a claimer that lost a race whose winner committed between its check and
-its MERGE sees the winner in the version its own MERGE produced, withdraws, and is refused. When
-the claim's commit directly follows the version its check read, nothing can have landed in
-between, and that second look is skipped.
+vbuckets, or runs under the same owner id (it would share our Delta txnAppId). A claim that
+evicts stale owners is a MERGE that reads the whole owners table, so two such claimers
+committing at once conflict in Delta's optimistic concurrency; one with nothing to evict is an
+append (one Spark job instead of a MERGE's six or seven), which lands beside a concurrent one.
+Either way a claimer whose rival committed between its check and its own commit sees the rival
+in the version its commit produced, withdraws, and is refused. When the claim's commit directly
+follows the version its check read, nothing can have landed in between, and that second look
+is skipped.
 """
 
 from __future__ import annotations
@@ -140,6 +142,8 @@ class OwnersTable:
 
     def records(self, version: int | None = None) -> list[OwnerRecord]:
         """Every row of the owners table (at `version` when given)."""
+        if (table_version(self.spark, self.path) if version is None else version) == 0:
+            return []  # only the table's creation: no job needed to know it holds no one
         reader = self.spark.read.format("delta")
         if version is not None:
             reader = reader.option("versionAsOf", version)
@@ -268,17 +272,30 @@ class OwnersTable:
     def _commit_claim(
         self, claim: OwnerClaim, stale: Sequence[OwnerRecord], now: datetime
     ) -> int | None:
-        """MERGE the claim in; return its commit's version (None if Delta did not say)."""
+        """Commit the claim; return its commit's version (None if Delta did not say).
+
+        An append when no stale owner is to go, else a MERGE that inserts it and evicts them.
+        """
         from delta.tables import DeltaTable
 
-        rows: list[tuple[Any, ...]] = [(*_row(claim, now, now), "claim")]
-        rows += [(*_record_row(record), "evict") for record in stale]
-        schema = StructType([*OWNER_SCHEMA.fields, StructField("action", StringType(), False)])
-        source = self.spark.createDataFrame(rows, schema)
         with delta_write_confs(self.spark, user_metadata=_metadata("claim", claim)):
             # Every write of this package holds the session write lock, so the conf read below
-            # is this MERGE's own version, not another thread's.
+            # is this commit's own version, not another thread's.
             reset_last_commit_version(self.spark)
+            if not stale:
+                (
+                    self.spark.createDataFrame([_row(claim, now, now)], OWNER_SCHEMA)
+                    .write.format("delta")
+                    .mode("append")
+                    .save(self.path)
+                )
+                return last_commit_version(self.spark)
+            rows: list[tuple[Any, ...]] = [(*_row(claim, now, now), "claim")]
+            rows += [(*_record_row(record), "evict") for record in stale]
+            schema = StructType(
+                [*OWNER_SCHEMA.fields, StructField("action", StringType(), False)]
+            )
+            source = self.spark.createDataFrame(rows, schema)
             (
                 DeltaTable.forPath(self.spark, self.path)
                 .alias("t")

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -10,9 +12,10 @@ from replicator.delta.checkpoints import CheckpointsTable
 from replicator.delta.executor import FAULT_STEPS, CommitExecutor
 from replicator.delta.failover_logs import FailoverLogsTable
 from replicator.delta.ownership import OwnersTable
-from replicator.delta.recovery import recover, repair_checkpoints
+from replicator.delta.recovery import FIRST_BATCH_ID, recover, repair_checkpoints
 from replicator.delta.rollback import plan_rollback, rollback_vbucket
-from replicator.delta.table import MirrorTable
+from replicator.delta.schema import MirrorConfig
+from replicator.delta.table import MirrorTable, open_or_create
 from replicator.model.positions import FailoverLog, VbucketPosition
 from tests.delta.helpers import (
     UUID,
@@ -25,6 +28,9 @@ from tests.delta.helpers import (
     upsert,
     vbucket_commit,
 )
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 pytestmark = pytest.mark.spark
 
@@ -167,3 +173,24 @@ def test_a_crashed_rollback_is_recovered_with_its_failover_log(
     assert state.next_batch_id == 4
     assert documents(mirror, [46]) == {(46, "a", 2, '{"v":2}')}
     assert FailoverLogsTable.of(mirror).load([46]) == {46: fresh_log}
+
+
+def test_a_new_mirror_is_claimed_and_recovered_with_one_spark_job(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Every table of a new mirror holds only its creation: nothing needs a Spark job to read,
+    and a claim with no one to evict is an append, one job."""
+    mirror = open_or_create(spark, str(tmp_path / "new"), MirrorConfig("new", num_vbuckets=64))
+    context = spark.sparkContext
+    context.setJobGroup("new-mirror-start", "claim and recover a new mirror")
+    try:
+        claim = OwnersTable.of(mirror).claim(range(64), "first-writer")
+        state = recover(mirror, owner_id=claim.owner_id, vbuckets=claim.vbuckets)
+    finally:
+        context.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
+    assert len(context.statusTracker().getJobIdsForGroup("new-mirror-start")) == 1
+    assert state.first_loads == frozenset(range(64))
+    assert state.failover_logs == {}
+    assert state.next_batch_id == FIRST_BATCH_ID
+    history = spark.sql(f"DESCRIBE HISTORY delta.`{mirror.layout.owners}`").orderBy("version")
+    assert [row["operation"] for row in history.collect()] == ["CREATE TABLE", "WRITE"]
