@@ -57,6 +57,7 @@ from replicator.delta.table import (
     engine_error_summary,
     last_commit_version,
     now_utc,
+    only_created,
     reset_last_commit_version,
 )
 from replicator.errors import OwnershipConflict, ReplicatorError
@@ -160,6 +161,9 @@ class CommitExecutor:
         self.new_batches_from: int | None = None
         self._queued_checkpoints: list[CommitRecord] = []
         self._landed_commit: CommitRecord | None = None
+        self._empty_vbuckets: set[int] | None = None
+        """Claimed vbuckets known to hold no rows (None until a first load asks): only this
+        owner writes them, and every write of ours takes its vbuckets out."""
         self.conflicts_retried = 0
         """Commits (data or checkpoints) Delta refused for a concurrent commit and retried."""
 
@@ -358,6 +362,9 @@ class CommitExecutor:
                 raise
             except Exception as exc:
                 raise CommitFailed(f"{what} failed: {engine_error_summary(exc)}") from exc
+            finally:
+                if self._empty_vbuckets is not None:  # written, or perhaps written
+                    self._empty_vbuckets.difference_update(positions)
             record = self._landed_commit or self.mirror.find_commit(
                 metadata.owner_id, batch_id, part
             )
@@ -451,6 +458,23 @@ class CommitExecutor:
             )
 
     def _vbuckets_with_rows(self, vbuckets: Sequence[int]) -> list[int]:
+        """Which of `vbuckets` hold rows in the table.
+
+        One scan of every claimed vbucket at the first ask (none on a new mirror), then only of
+        vbuckets written since: a scan per append would read the table again for each batch of
+        an initial load, its cost growing with what was loaded before.
+        """
+        if self._empty_vbuckets is None:
+            claimed = sorted(self.claim.vbuckets)
+            with_rows = (
+                set() if only_created(self.spark, self.mirror.layout.data)
+                else set(self._scan_vbuckets_with_rows(claimed))
+            )
+            self._empty_vbuckets = set(claimed) - with_rows
+        unknown = [vb for vb in vbuckets if vb not in self._empty_vbuckets]
+        return self._scan_vbuckets_with_rows(unknown) if unknown else []
+
+    def _scan_vbuckets_with_rows(self, vbuckets: Sequence[int]) -> list[int]:
         rows = (
             self.mirror.read()
             .where(self.mirror.data_layout.predicate(vbuckets))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -302,6 +303,43 @@ def test_first_load_into_a_vbucket_that_has_rows_is_refused(
         )
     assert commits_of_batch(mirror, executor.claim.owner_id, 61) == []
     assert documents(mirror, [1]) == {(1, "p", 1, '{"v":1}')}
+
+
+def test_a_later_run_finds_the_rows_an_earlier_one_loaded(
+    mirror: MirrorTable, executor: CommitExecutor, claim: OwnerClaim, owners: OwnersTable
+) -> None:
+    executor.execute(batch(62, vbucket_commit(2, [upsert(2, "p", 1)], seqno=1, first_load=True)))
+    later_run = CommitExecutor(mirror, claim, owners)
+    with pytest.raises(CommitFailed, match=r"vbuckets \[2\] are marked first load but hold rows"):
+        later_run.execute(
+            batch(63, vbucket_commit(2, [upsert(2, "q", 30)], seqno=30, first_load=True))
+        )
+    later_run.execute(batch(63, vbucket_commit(3, [upsert(3, "r", 4)], seqno=4, first_load=True)))
+    assert documents(mirror, [2, 3]) == {(2, "p", 1, '{"v":1}'), (3, "r", 4, '{"v":4}')}
+
+
+def test_an_initial_load_scans_the_table_once_not_per_append(
+    executor: CommitExecutor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each append of a first load asks which of its vbuckets hold rows; the table is read
+    for that once per run, and again only for vbuckets this run has written since."""
+    executor.execute(batch(80, vbucket_commit(5, [upsert(5, "a", 1)], seqno=1, first_load=True)))
+    scanned: list[list[int]] = []
+    scan = CommitExecutor._scan_vbuckets_with_rows
+
+    def counted(self: CommitExecutor, vbuckets: Sequence[int]) -> list[int]:
+        scanned.append(list(vbuckets))
+        return scan(self, vbuckets)
+
+    monkeypatch.setattr(CommitExecutor, "_scan_vbuckets_with_rows", counted)
+    executor.execute(batch(81, vbucket_commit(6, [upsert(6, "b", 1)], seqno=1, first_load=True)))
+    executor.execute(batch(82, vbucket_commit(7, [upsert(7, "c", 1)], seqno=1, first_load=True)))
+    assert scanned == []  # the table was new at the first append: nothing to read since
+    with pytest.raises(CommitFailed, match=r"vbuckets \[6\] are marked first load"):
+        executor.execute(
+            batch(83, vbucket_commit(6, [upsert(6, "d", 9)], seqno=9, first_load=True))
+        )
+    assert scanned == [[6]]
 
 
 def test_batches_for_unclaimed_vbuckets_are_refused(executor: CommitExecutor) -> None:
