@@ -1,9 +1,10 @@
 """Measurement 4: the sink's physical limit: the same rows, plainly appended from Arrow.
 
 The mirror's own rows are read back (untimed) in chunks of vbuckets, each chunk no larger than
-a group commit's byte cap, and appended from Arrow to a fresh Delta table partitioned by
-vbucket like the mirror. Only the appends are timed: that is what any writer of these rows
-into Delta must pay, with no DCP, staging or commit protocol around it.
+a group commit's byte cap, and appended from Arrow to a fresh Delta table partitioned like the
+mirror (by its generated `vbucket_group`, or by `vbucket` for a mirror of the older layout).
+Only the appends are timed: that is what any writer of these rows into Delta must pay, with no
+DCP, staging or commit protocol around it.
 """
 
 from __future__ import annotations
@@ -12,8 +13,11 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from pyspark.sql.types import StructType
+
 from replicator.bench.procfs import CpuMeter, spark_jvm_pid
 from replicator.delta.schema import DATA_COLUMNS, DATA_SCHEMA
+from replicator.delta.table import table_properties_and_partitioning
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -56,7 +60,11 @@ def measure_plain_append(
     """Append the mirror's rows to a new table at `target`, timing only the appends."""
     from pyspark.sql import functions as F
 
-    mirror = spark.read.format("delta").load(mirror_path).select(*DATA_COLUMNS)
+    _properties, partitioning = table_properties_and_partitioning(spark, mirror_path)
+    columns = [*DATA_COLUMNS, *(c for c in partitioning if c not in DATA_COLUMNS)]
+    mirror = spark.read.format("delta").load(mirror_path).select(*columns)
+    partition_fields = [mirror.schema[c] for c in columns if c not in DATA_COLUMNS]
+    schema = StructType([*DATA_SCHEMA.fields, *partition_fields])
     sizes = (
         mirror.groupBy("vbucket")
         .agg(F.sum(F.length("doc") + F.length("key") + F.lit(96)).alias("bytes"))
@@ -76,10 +84,10 @@ def measure_plain_append(
         meter.start()
         started = time.perf_counter()
         (
-            spark.createDataFrame(table, DATA_SCHEMA)
+            spark.createDataFrame(table, schema)
             .write.format("delta")
             .mode("append")
-            .partitionBy("vbucket")
+            .partitionBy(*partitioning)
             .save(target)
         )
         seconds += time.perf_counter() - started
