@@ -35,6 +35,7 @@ from replicator.delta.table import (
     engine_error_summary,
     last_commit_version,
     now_utc,
+    only_created,
     reset_last_commit_version,
     table_version,
 )
@@ -142,7 +143,7 @@ class OwnersTable:
 
     def records(self, version: int | None = None) -> list[OwnerRecord]:
         """Every row of the owners table (at `version` when given)."""
-        if (table_version(self.spark, self.path) if version is None else version) == 0:
+        if version in (None, 0) and only_created(self.spark, self.path):
             return []  # only the table's creation: no job needed to know it holds no one
         reader = self.spark.read.format("delta")
         if version is not None:

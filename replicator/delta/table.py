@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from replicator.delta.commit_metadata import CommitMetadata
 from replicator.delta.conflicts import ConflictRetry, retry_on_conflict
 from replicator.delta.schema import (
     BUCKET_PROPERTY,
@@ -30,7 +31,6 @@ from replicator.delta.schema import (
     METADATA_DIR,
     OWNER_SCHEMA,
     VBUCKET_GROUP,
-    CommitMetadata,
     DataLayout,
     MirrorConfig,
     MirrorLayout,
@@ -480,13 +480,19 @@ def table_version(spark: SparkSession, path: str) -> int:
 
 
 def only_created(spark: SparkSession, path: str) -> bool:
-    """Whether the table at `path` has nothing but its creation commit, so no rows.
+    """Whether the table at `path` is at its first version and that version holds no file.
 
-    The replicator creates its tables empty (version 0 holds a schema, no files), so a reader
-    of a table at version 0 can answer "nothing" without a Spark job: on a new mirror that spares
-    the start of every run a read of each table (a job apiece, a second or more on 2 cores).
+    A reader of such a table can answer "nothing" without a Spark job: on a new mirror that
+    spares the start of every run a read of each table (a job apiece, a second or more on 2
+    cores). The answer comes from the version's checksum file, which Delta writes with each
+    commit; a table created with rows (older mirrors wrote some that way), or without a
+    checksum, is read as usual.
     """
-    return table_version(spark, path) == 0
+    snapshot = delta_snapshot(spark, path)
+    if int(snapshot.version()) != 0:
+        return False
+    checksum = snapshot.checksumOpt()
+    return bool(checksum.isDefined()) and int(checksum.get().numFiles()) == 0
 
 
 def table_properties_and_partitioning(
