@@ -11,7 +11,8 @@ from typing import Any, Protocol
 from chispa import assert_df_equality
 from delta.tables import DeltaTable
 
-from replicator.delta.schema import DATA_COLUMNS, DATA_SCHEMA, RESYNC, ROLLBACK
+from replicator.delta.commit_metadata import RESYNC, ROLLBACK
+from replicator.delta.schema import DATA_COLUMNS, DATA_SCHEMA
 from replicator.model.positions import FailoverLog
 from replicator.sim.bucket import DocumentRecord, SimBucket
 from replicator.soak.audit import expected_row

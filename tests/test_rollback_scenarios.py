@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from delta.tables import DeltaTable
 
-from replicator.delta.schema import COMMIT, ROLLBACK
+from replicator.delta.commit_metadata import COMMIT, ROLLBACK
 from replicator.delta.table import table_version
 from replicator.pipeline.replication import Replication
 from replicator.sim.bucket import SimBucket

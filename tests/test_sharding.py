@@ -25,10 +25,11 @@ from delta.exceptions import (
     ConcurrentTransactionException,
 )
 
+from replicator.delta.commit_metadata import CommitMetadata
 from replicator.delta.conflicts import ConflictRetry, delta_conflict_name
 from replicator.delta.executor import CommitExecutor
 from replicator.delta.ownership import OwnersTable
-from replicator.delta.schema import CommitMetadata, MirrorConfig
+from replicator.delta.schema import MirrorConfig
 from replicator.delta.table import open_or_create
 from replicator.model.backoff import Backoff
 from replicator.sim.bucket import SimBucket

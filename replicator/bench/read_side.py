@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from replicator.delta.schema import ROLLBACK, CommitMetadata
+from replicator.delta.commit_metadata import ROLLBACK, CommitMetadata
 from replicator.model.positions import VbucketPosition
 
 if TYPE_CHECKING:
@@ -128,7 +128,8 @@ def grow_history(spark: SparkSession, target: str, *, versions: int) -> int:
     """Add commits to the mirror at `target` until it has `versions` versions; returns how
     many of the added commits are rollbacks."""
     from replicator.delta.checkpoints import CheckpointsTable
-    from replicator.delta.schema import MirrorLayout, txn_app_id
+    from replicator.delta.commit_metadata import txn_app_id
+    from replicator.delta.schema import MirrorLayout
     from replicator.delta.table import (
         CommitRecord,
         delta_write_confs,

@@ -31,7 +31,7 @@ from replicator.bench.simulator import SIM_PASSWORD, SIM_USERNAME, SimulatorProc
 from replicator.config import ReplicatorConfig
 from replicator.dcp.cluster.client import DcpClient
 from replicator.dcp.transport.auth import Credentials
-from replicator.delta.schema import CommitMetadata
+from replicator.delta.commit_metadata import CommitMetadata
 from replicator.pipeline.runner import BackgroundRun
 
 if TYPE_CHECKING:

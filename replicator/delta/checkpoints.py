@@ -14,7 +14,8 @@ from datetime import datetime
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
-from replicator.delta.schema import CHECKPOINT_SCHEMA, in_list, txn_app_id
+from replicator.delta.commit_metadata import txn_app_id
+from replicator.delta.schema import CHECKPOINT_SCHEMA, in_list
 from replicator.delta.table import (
     SESSION_WRITE_LOCK,
     CommitRecord,

@@ -39,6 +39,7 @@ from replicator.delta.changes import (
     union_frames,
 )
 from replicator.delta.checkpoints import CheckpointsTable
+from replicator.delta.commit_metadata import COMMIT, CommitMetadata, txn_app_id
 from replicator.delta.conflicts import (
     FENCING_CONFLICTS,
     RETRIED_CONFLICTS,
@@ -47,7 +48,7 @@ from replicator.delta.conflicts import (
     retry_on_conflict,
 )
 from replicator.delta.ownership import OwnerClaim, OwnersTable
-from replicator.delta.schema import COMMIT, DATA_COLUMNS, CommitMetadata, txn_app_id
+from replicator.delta.schema import DATA_COLUMNS
 from replicator.delta.table import (
     SESSION_WRITE_LOCK,
     CommitRecord,

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
 
-    from replicator.delta.schema import CommitHeader, CommitMetadata
+    from replicator.delta.commit_metadata import CommitHeader, CommitMetadata
 
 _Tabular = TypeVar("_Tabular", "pa.Table", "pa.RecordBatch")
 
@@ -66,14 +66,14 @@ class HistoryEntry:
     @property
     def commit_header(self) -> CommitHeader | None:
         """Owner and kind of a replicator commit, without parsing its positions."""
-        from replicator.delta.schema import CommitHeader
+        from replicator.delta.commit_metadata import CommitHeader
 
         return CommitHeader.from_json(self.user_metadata)
 
     @property
     def commit_metadata(self) -> CommitMetadata | None:
         """The replicator's metadata of this commit, None for any other commit."""
-        from replicator.delta.schema import CommitMetadata
+        from replicator.delta.commit_metadata import CommitMetadata
 
         try:
             return CommitMetadata.from_json(self.user_metadata)

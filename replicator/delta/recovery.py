@@ -12,8 +12,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from replicator.delta.checkpoints import CheckpointsTable
+from replicator.delta.commit_metadata import ROLLBACK
 from replicator.delta.failover_logs import FailoverLogsTable
-from replicator.delta.schema import ROLLBACK
 from replicator.delta.table import MirrorTable
 from replicator.model.positions import FailoverLog, VbucketPosition
 

@@ -17,7 +17,8 @@ from datetime import datetime, timedelta
 from replicator.delta.checkpoints import Checkpoint
 from replicator.delta.executor import CommitExecutor, CommitFailed, DataCommit
 from replicator.delta.failover_logs import FailoverLogsTable
-from replicator.delta.schema import DATA_COLUMNS, RESYNC, ROLLBACK
+from replicator.delta.commit_metadata import RESYNC, ROLLBACK
+from replicator.delta.schema import DATA_COLUMNS
 from replicator.delta.table import (
     MirrorTable,
     engine_error_summary,

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from replicator.delta.schema import RESYNC, ROLLBACK
+from replicator.delta.commit_metadata import RESYNC, ROLLBACK
 from replicator.inspect.formatting import format_time
 from replicator.inspect.mirror_history import read_history
 from replicator.model.positions import FailoverLog

@@ -26,7 +26,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from replicator.delta.schema import COMMIT, DATA_COLUMNS, RESYNC, ROLLBACK
+from replicator.delta.commit_metadata import COMMIT, RESYNC, ROLLBACK
+from replicator.delta.schema import DATA_COLUMNS
 from replicator.errors import ReplicatorError
 from replicator.model.aliases import DocumentKey
 from replicator.sim.bucket import DocumentRecord, SimBucket

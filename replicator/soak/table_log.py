@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from replicator.delta.schema import CommitMetadata
+from replicator.delta.commit_metadata import CommitMetadata
 
 _COMMIT_FILE = re.compile(r"^(\d{20})\.json$")
 

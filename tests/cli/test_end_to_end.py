@@ -107,8 +107,8 @@ def data_history(spark: Any, target: Path) -> list[Any]:
 def test_sigterm_mid_load_then_restart_equals_source_with_each_change_applied_once(
     spark: Any, interrupted_load: InterruptedLoad
 ) -> None:
+    from replicator.delta.commit_metadata import CommitMetadata
     from replicator.delta.reader import SparkReader
-    from replicator.delta.schema import CommitMetadata
     from replicator.inspect.mirror import read_mirror
 
     load = interrupted_load

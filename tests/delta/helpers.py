@@ -9,7 +9,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from replicator.delta.schema import CommitMetadata
+from replicator.delta.commit_metadata import CommitMetadata
 from replicator.delta.table import MirrorTable
 from replicator.model.positions import VbucketPosition
 from replicator.planning.planner import CommitBatch, CommitTrigger, VbucketCommit

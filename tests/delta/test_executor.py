@@ -14,9 +14,10 @@ import pytest
 from chispa import assert_df_equality
 
 from replicator.delta.checkpoints import CheckpointsTable
+from replicator.delta.commit_metadata import txn_version
 from replicator.delta.executor import CommitExecutor, CommitFailed, WriteStrategy
 from replicator.delta.ownership import OwnerClaim, OwnersTable
-from replicator.delta.schema import MirrorConfig, txn_version
+from replicator.delta.schema import MirrorConfig
 from replicator.delta.table import MirrorTable, open_or_create
 from replicator.errors import OwnershipConflict
 from replicator.model.positions import VbucketPosition

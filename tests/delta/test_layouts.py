@@ -11,11 +11,12 @@ import pytest
 from chispa import assert_df_equality
 from delta.tables import DeltaTable
 
+from replicator.delta.commit_metadata import CommitMetadata
 from replicator.delta.compaction import CompactionPolicy, Compactor
 from replicator.delta.executor import CommitExecutor, WriteStrategy
 from replicator.delta.ownership import OwnersTable
 from replicator.delta.rollback import plan_rollback, rollback_vbucket, time_travel_horizon
-from replicator.delta.schema import DATA_SCHEMA, CommitMetadata, DataLayout, MirrorConfig
+from replicator.delta.schema import DATA_SCHEMA, DataLayout, MirrorConfig
 from replicator.delta.table import open_or_create
 from replicator.model.positions import FailoverLog
 from tests.delta.helpers import UUID, batch, delete, documents, upsert, vbucket_commit

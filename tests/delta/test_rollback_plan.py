@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 from replicator.delta.checkpoints import Checkpoint
 from replicator.delta.rollback import live_boundaries, plan_rollback, readable_horizon
-from replicator.delta.schema import COMMIT, RESYNC, ROLLBACK
+from replicator.delta.commit_metadata import COMMIT, RESYNC, ROLLBACK
 from replicator.model.positions import VbucketPosition
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)

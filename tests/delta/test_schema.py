@@ -16,15 +16,14 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from replicator.delta.commit_metadata import CommitMetadata, txn_version
 from replicator.delta.ownership import stable_owner_id
 from replicator.delta.schema import (
     CHANGE_SCHEMA,
     DATA_COLUMNS,
-    CommitMetadata,
     DataLayout,
     MirrorConfig,
     MirrorLayout,
-    txn_version,
     vbucket_group_width,
 )
 from replicator.model.positions import VbucketPosition

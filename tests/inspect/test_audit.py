@@ -29,8 +29,9 @@ from deltalake import DeltaTable
 
 from replicator.cli.audit import add_audit_arguments, run_audit
 from replicator.cli.main import main as replicator_main
+from replicator.delta.commit_metadata import CommitMetadata
 from replicator.delta.reader import HistoryEntry
-from replicator.delta.schema import DATA_COLUMNS, CommitMetadata, MirrorLayout
+from replicator.delta.schema import DATA_COLUMNS, MirrorLayout
 from replicator.errors import ConfigError, NotAMirrorError
 from replicator.inspect.commits import commit_activities, rollback_record, rollbacks
 from replicator.inspect.documents import (

@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 
 from replicator.delta.checkpoints import CheckpointsTable
-from replicator.delta.schema import DATA_SCHEMA, CommitMetadata, MirrorConfig
+from replicator.delta.commit_metadata import CommitMetadata
+from replicator.delta.schema import DATA_SCHEMA, MirrorConfig
 from replicator.delta.table import CommitRecord, open_or_create
 from replicator.errors import ConfigError
 from replicator.inspect.collections import (

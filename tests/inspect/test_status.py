@@ -312,10 +312,11 @@ class Crash(Exception):
 def test_status_reads_positions_rollbacks_and_uncheckpointed_commits(
     spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from replicator.delta.commit_metadata import ROLLBACK
     from replicator.delta.executor import CommitExecutor
     from replicator.delta.failover_logs import FailoverLogsTable
     from replicator.delta.ownership import OwnersTable
-    from replicator.delta.schema import ROLLBACK, MirrorConfig
+    from replicator.delta.schema import MirrorConfig
     from replicator.delta.table import open_or_create
     from replicator.model.positions import FailoverLog
     from tests.delta.helpers import UUID, batch, upsert, vbucket_commit
