@@ -2,10 +2,11 @@
 
 On the mirror the initial load built, one more snapshot is committed to one vbucket through
 the Delta layer (updates of existing documents and new ones), then that vbucket is rolled back
-to its earlier boundary with `plan_rollback` + `rollback_vbucket`, as the driver does when the
-producer answers ROLLBACK. The rollback commit's add/remove/cdc actions are read from its log
-entry: every file it removed (or marked with a deletion vector) must have held rows of that
-vbucket, and its operation metrics say how many other rows it copied.
+to its earlier boundary through the store a run uses (`DeltaMirrorStore.rollback`: write the
+queued checkpoints, plan, rewrite), as the driver does when the producer answers ROLLBACK.
+The rollback commit's add/remove/cdc actions are read from its log entry: every file it removed
+(or marked with a deletion vector) must have held rows of that vbucket, and its operation
+metrics say how many other rows it copied.
 """
 
 from __future__ import annotations
@@ -23,11 +24,12 @@ import pyarrow as pa
 from replicator.delta.checkpoints import CheckpointsTable
 from replicator.delta.executor import CommitExecutor
 from replicator.delta.ownership import OwnersTable
-from replicator.delta.rollback import plan_rollback, rollback_vbucket, time_travel_horizon
 from replicator.delta.schema import DATA_COLUMNS, MirrorConfig
+from replicator.delta.store import DeltaMirrorStore
 from replicator.delta.table import MirrorTable, open_or_create
 from replicator.errors import ReplicatorError
 from replicator.model.positions import FailoverLog, VbucketPosition
+from replicator.pipeline.runner import CHECKPOINT_EVERY
 from replicator.planning.planner import CommitBatch, CommitTrigger, VbucketCommit
 from replicator.staging.rows import CHANGE_SCHEMA, UPSERT
 
@@ -117,30 +119,32 @@ def measure_rollback(
     owners = OwnersTable.of(mirror)
     claim = owners.claim([vbucket], OWNER_ID)
     try:
-        executor = CommitExecutor(mirror, claim, owners)
-        checkpoints = CheckpointsTable.of(mirror)
-        boundary = checkpoints.latest([vbucket]).get(vbucket)
+        # The store and executor a run uses, so the rollback is timed as a run pays it: with the
+        # checkpoints of its last commit still queued, and batches above the recovered ones.
+        executor = CommitExecutor(mirror, claim, owners, checkpoint_every=CHECKPOINT_EVERY)
+        store = DeltaMirrorStore(executor, owners, claim)
+        store.recover((vbucket,))
+        boundary = CheckpointsTable.of(mirror).latest([vbucket]).get(vbucket)
         if boundary is None:
             raise RollbackBenchError(f"vbucket {vbucket} has nothing committed to roll back")
         vbucket_rows = mirror.read().where(f"vbucket = {vbucket}").count()
         later = _later_snapshot(mirror, boundary.position, changed_docs)
-        executor.execute(CommitBatch(1, (later,), CommitTrigger.FORCED))
+        prepare = CommitBatch(store.next_batch_id, (later,), CommitTrigger.FORCED)
+        store.commit(prepare, replace=frozenset())
         failover_log = FailoverLog.of([(boundary.position.vbucket_uuid, 0)])
         # Between the two boundaries: the producer forgot part of the later snapshot.
         rollback_seqno = (boundary.seqno + later.position.seqno) // 2
         started = time.perf_counter()
-        plan = plan_rollback(
-            checkpoints.for_vbucket(vbucket), vbucket, rollback_seqno, time_travel_horizon(mirror)
-        )
-        outcome = rollback_vbucket(
-            executor, plan, batch_id=2, failover_log=failover_log, reason="benchmark"
+        outcome = store.rollback(
+            vbucket, rollback_seqno, committed=later.position, failover_log=failover_log,
+            reason="benchmark",
         )
         seconds = time.perf_counter() - started
     finally:
         owners.release(claim)
-    if outcome.commit is None:
-        raise RollbackBenchError(f"vbucket {vbucket} was not rewound: {outcome.reason}")
-    version = outcome.commit.table_version
+    if outcome.table_version is None:
+        raise RollbackBenchError(f"vbucket {vbucket} was not rewound: a full resync is needed")
+    version = outcome.table_version
     entry = Path(mirror_path, "_delta_log", f"{version:020d}.json").read_text()
     actions = commit_file_actions(entry)
     held = mirror.read(version - 1).where(mirror.data_layout.predicate([vbucket]))

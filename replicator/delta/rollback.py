@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from replicator.delta.checkpoints import Checkpoint
+from replicator.delta.commit_metadata import RESYNC, ROLLBACK
 from replicator.delta.executor import CommitExecutor, CommitFailed, DataCommit
 from replicator.delta.failover_logs import FailoverLogsTable
-from replicator.delta.commit_metadata import RESYNC, ROLLBACK
 from replicator.delta.schema import DATA_COLUMNS
 from replicator.delta.table import (
     MirrorTable,
@@ -37,12 +37,16 @@ class RollbackPlan:
 
     `boundary` is the checkpoint of the newest live committed boundary <= the rollback seqno;
     its `table_version` is a version at which the vbucket's rows were exactly that boundary.
+    `from_seqno` is where the vbucket stands before the rollback (its newest checkpoint), for
+    the commit's audit details: the plan read the checkpoints already, a second read would cost
+    the rollback another Spark job.
     """
 
     vbucket: int
     rollback_seqno: int
     boundary: Checkpoint | None
     reason: str
+    from_seqno: int = 0
 
     @property
     def full_resync(self) -> bool:
@@ -99,7 +103,10 @@ def plan_rollback(
         raise ValueError(f"vbucket {vbucket}: rollback seqno {rollback_seqno} is negative")
     if rollback_seqno == 0:
         return RollbackPlan(vbucket, 0, None, "a rollback to 0: the vbucket streams again from 0")
-    candidates = [c for c in live_boundaries(checkpoints, vbucket) if 0 < c.seqno <= rollback_seqno]
+    own = [c for c in checkpoints if c.vbucket == vbucket]
+    newest = max(own, key=lambda c: (c.table_version, c.batch_id), default=None)
+    from_seqno = newest.seqno if newest is not None else 0
+    candidates = [c for c in live_boundaries(own, vbucket) if 0 < c.seqno <= rollback_seqno]
     if not candidates:
         return RollbackPlan(
             vbucket,
@@ -121,6 +128,7 @@ def plan_rollback(
         rollback_seqno,
         boundary,
         f"rewind to seqno {boundary.seqno} (table version {boundary.table_version})",
+        from_seqno=from_seqno,
     )
 
 
@@ -167,7 +175,6 @@ def rollback_vbucket(
         return RollbackOutcome(vbucket, VbucketPosition.beginning(vbucket), None, plan.reason)
     boundary = plan.boundary
     mirror = executor.mirror
-    current = executor.checkpoints.latest([vbucket]).get(vbucket)
     position = VbucketPosition.at_boundary(
         vbucket,
         failover_log.entry_at(boundary.seqno).vbucket_uuid,
@@ -177,7 +184,7 @@ def rollback_vbucket(
     )
     details = {
         "vbucket": vbucket,
-        "from_seqno": current.seqno if current is not None else 0,
+        "from_seqno": plan.from_seqno,
         "to_seqno": boundary.seqno,
         "rollback_seqno": plan.rollback_seqno,
         "from_table_version": boundary.table_version,

@@ -5,8 +5,8 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from replicator.delta.checkpoints import Checkpoint
-from replicator.delta.rollback import live_boundaries, plan_rollback, readable_horizon
 from replicator.delta.commit_metadata import COMMIT, RESYNC, ROLLBACK
+from replicator.delta.rollback import live_boundaries, plan_rollback, readable_horizon
 from replicator.model.positions import VbucketPosition
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -31,6 +31,13 @@ def test_rewinds_to_the_newest_boundary_at_or_below_the_rollback_seqno() -> None
     assert not plan.full_resync
     assert plan.boundary is not None and plan.boundary.table_version == 3
     assert plan.to_seqno == 20
+
+
+def test_the_plan_says_where_the_vbucket_stands_before_it() -> None:
+    # The newest checkpoint of vbucket 5 (not 6's, and not the boundary) is the rollback's start.
+    assert plan_rollback(HISTORY, 5, 25, horizon=0).from_seqno == 30
+    after_a_rollback = [*HISTORY, checkpoint(5, 10, ROLLBACK), checkpoint(7, 14)]
+    assert plan_rollback(after_a_rollback, 5, 12, horizon=0).from_seqno == 14
 
 
 def test_a_boundary_equal_to_the_rollback_seqno_is_kept() -> None:
