@@ -61,10 +61,9 @@ def measure_plain_append(
     from pyspark.sql import functions as F
 
     _properties, partitioning = table_properties_and_partitioning(spark, mirror_path)
-    columns = [*DATA_COLUMNS, *(c for c in partitioning if c not in DATA_COLUMNS)]
-    mirror = spark.read.format("delta").load(mirror_path).select(*columns)
-    partition_fields = [mirror.schema[c] for c in columns if c not in DATA_COLUMNS]
-    schema = StructType([*DATA_SCHEMA.fields, *partition_fields])
+    generated = [c for c in partitioning if c not in DATA_COLUMNS]  # vbucket_group
+    mirror = spark.read.format("delta").load(mirror_path).select(*DATA_COLUMNS, *generated)
+    schema = StructType([*DATA_SCHEMA.fields, *(mirror.schema[c] for c in generated)])
     sizes = (
         mirror.groupBy("vbucket")
         .agg(F.sum(F.length("doc") + F.length("key") + F.lit(96)).alias("bytes"))

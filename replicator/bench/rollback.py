@@ -21,7 +21,6 @@ from urllib.parse import unquote
 
 import pyarrow as pa
 
-from replicator.delta.checkpoints import CheckpointsTable
 from replicator.delta.executor import CommitExecutor
 from replicator.delta.ownership import OwnersTable
 from replicator.delta.schema import DATA_COLUMNS, MirrorConfig
@@ -123,15 +122,15 @@ def measure_rollback(
         # checkpoints of its last commit still queued, and batches above the recovered ones.
         executor = CommitExecutor(mirror, claim, owners, checkpoint_every=CHECKPOINT_EVERY)
         store = DeltaMirrorStore(executor, owners, claim)
-        store.recover((vbucket,))
-        boundary = CheckpointsTable.of(mirror).latest([vbucket]).get(vbucket)
-        if boundary is None:
+        # Recovery reads the vbucket's newest checkpoint: the boundary to return to.
+        boundary = store.recover((vbucket,)).positions[vbucket]
+        if boundary.seqno == 0:
             raise RollbackBenchError(f"vbucket {vbucket} has nothing committed to roll back")
         vbucket_rows = mirror.read().where(f"vbucket = {vbucket}").count()
-        later = _later_snapshot(mirror, boundary.position, changed_docs)
+        later = _later_snapshot(mirror, boundary, changed_docs)
         prepare = CommitBatch(store.next_batch_id, (later,), CommitTrigger.FORCED)
         store.commit(prepare, replace=frozenset())
-        failover_log = FailoverLog.of([(boundary.position.vbucket_uuid, 0)])
+        failover_log = FailoverLog.of([(boundary.vbucket_uuid, 0)])
         # Between the two boundaries: the producer forgot part of the later snapshot.
         rollback_seqno = (boundary.seqno + later.position.seqno) // 2
         started = time.perf_counter()
