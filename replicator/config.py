@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from replicator.dcp.transport.auth import SASL_MECHANISM_NAMES, parse_sasl_mechanism
+from replicator.dcp.transport.options import BACKFILL_ORDERS
 from replicator.errors import ConfigError
 
 ENV_PREFIX = "REPLICATOR_"
@@ -140,6 +141,10 @@ class ReplicatorConfig:
     commit_max_rows: int = 1_000_000
     flow_control_window_kb: int = 10_240
     noop_interval_s: int = 120
+    backfill_order: str = "sequential"
+    """DCP backfill order asked of the producer: `sequential` completes one vbucket's disk
+    snapshot after another, so a first load commits while it streams; `round-robin` is the
+    producer's default."""
     staging_dir: str = ""
     log_retention: str = "interval 30 days"
     deleted_file_retention: str = "interval 7 days"
@@ -167,6 +172,11 @@ class ReplicatorConfig:
             raise ConfigError("flow_control_window_kb must be at least 16")
         if not 1 <= self.noop_interval_s <= 3600:
             raise ConfigError("noop_interval_s must be between 1 and 3600")
+        if self.backfill_order not in BACKFILL_ORDERS:
+            raise ConfigError(
+                f"backfill_order must be one of {', '.join(BACKFILL_ORDERS)}, "
+                f"not {self.backfill_order!r}"
+            )
         if not 0 <= self.metrics_port <= 65535:
             raise ConfigError("metrics_port must be between 1 and 65535 (0: no endpoint)")
         if self.source_check_interval_s <= 0:

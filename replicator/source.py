@@ -34,6 +34,7 @@ def client_options(config: ReplicatorConfig, *, tls: bool) -> ClientOptions:
             ),
             tls=TlsSettings(ca_file=config.tls_ca or None) if tls else TlsSettings(),
             change_streams=config.history,
+            backfill_order=config.backfill_order,
         )
     )
 

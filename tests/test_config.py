@@ -8,6 +8,7 @@ import pytest
 
 from replicator.config import ReplicatorConfig, Secret, VbucketSelection, load_config
 from replicator.errors import ConfigError
+from replicator.source import client_options
 
 
 def write_toml(tmp_path: Path, text: str) -> str:
@@ -68,6 +69,7 @@ def test_missing_password_says_where_to_put_it() -> None:
         ("memory_budget_mb = 1\n", "memory_budget_mb"),
         ("nonsense = 1\n", "unknown setting 'nonsense'"),
         ("progress = 'fancy'\n", "progress"),
+        ("backfill_order = 'random'\n", "backfill_order must be one of round-robin, sequential"),
         ("vbuckets = '9-3'\n", "invalid vbuckets"),
         ("sasl_mechanism = 'CRAM-MD5'\n", "invalid sasl_mechanism"),
         ("sasl_mechanism = 512\n", "unknown SASL mechanism '512'"),
@@ -123,3 +125,10 @@ def test_bad_sasl_mechanism_names_the_valid_ones_and_not_the_password(
     )
     assert "SCRAM-SHA512, SCRAM-SHA256, SCRAM-SHA1, PLAIN" in text
     assert "hunter2" not in text
+
+
+def test_runs_ask_for_sequential_backfills_unless_configured() -> None:
+    # Whole disk snapshots one after another: a first load commits while it streams.
+    assert client_options(ReplicatorConfig(), tls=False).connection.backfill_order == "sequential"
+    configured = load_config(env={"REPLICATOR_BACKFILL_ORDER": "round-robin"})
+    assert client_options(configured, tls=False).connection.backfill_order == "round-robin"

@@ -50,6 +50,8 @@ class ProducerSettings:
     """enable_stream_id: several streams per vbucket, each message framed with its id."""
     change_streams: bool = False
     """change_streams: history is served as HISTORY snapshots (every revision retained)."""
+    sequential_backfill: bool = False
+    """backfill_order=sequential: one stream's backfill is served whole before the next's."""
 
     @property
     def marker_version(self) -> MarkerVersion:
@@ -159,7 +161,7 @@ def apply_control(
     if key == "backfill_order":
         if value not in ("round-robin", "sequential"):
             return _invalid(settings, key, value)
-        return _ok(settings)
+        return _ok(replace(settings, sequential_backfill=value == "sequential"))
     if key == "v7_dcp_status_codes":
         if value != "true":
             return _invalid(settings, key, value)

@@ -135,6 +135,7 @@ class ProducerStream:
         self._end_queued = False
         self._marker: SnapshotMarker | None = None  # held until something of it is sent
         self._marker_sent = False
+        self._backfill_tail = False  # the frames in `pending` are of a disk snapshot
         self._last_sent_seqno = 0
         self._key_prefixes: dict[int, bytes] = {}
         # Per-item decisions hoisted out of the hot path.
@@ -148,13 +149,23 @@ class ProducerStream:
         """True once the stream's STREAM_END is queued (or the stream was dropped)."""
         return self._finished
 
+    @property
+    def backfilling(self) -> bool:
+        """True while the cursor is in (or before) a disk snapshot, or the frames of its last
+        part are still unsent."""
+        if self._finished:
+            return False
+        return (self._backfill_tail and bool(self.pending)) or self._cursor.backfilling
+
     def pull(self, max_items: int) -> bool:
         """Encode the cursor's next part into `pending`; False when the cursor is caught up."""
         if self._finished:
             return False
+        disk = self._cursor.backfilling
         served = self._cursor.next_snapshot(max_items)
         if served is None:
             return False
+        self._backfill_tail = disk
         if isinstance(served, StreamEnd):
             self._queue_end(served.reason)
             return True

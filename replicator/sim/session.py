@@ -394,12 +394,11 @@ class Session:
             key = ready[0]
             stream = dcp.streams.get(key)
             if stream is None:
-                ready.popleft()
-                dcp.ready_set.discard(key)
+                dcp.pop_ready()
                 continue
-            if not stream.pending and not stream.pull(per_pull):
-                ready.popleft()
-                dcp.ready_set.discard(key)
+            # A backfill waiting for its turn leaves `ready` until it comes.
+            if not (stream.pending or (dcp.backfill_turn(key, stream) and stream.pull(per_pull))):
+                dcp.pop_ready()
                 if stream.finished:
                     dcp.remove_stream(key)
                     changed_streams = True
@@ -425,12 +424,12 @@ class Session:
                 dcp.unacked_bytes += size
                 moved += 1
             if not pending and stream.finished:
-                ready.popleft()
-                dcp.ready_set.discard(key)
+                dcp.pop_ready()
                 dcp.remove_stream(key)
                 changed_streams = True
             else:
                 ready.rotate(-1)
+                dcp.served(key)
         if changed_streams:
             self.streams_changed()
 

@@ -822,6 +822,17 @@ class StreamCursor:
                 self._snapshot = self._snapshot.follow_up
             return part
 
+    @property
+    def backfilling(self) -> bool:
+        """True while the cursor serves, or is about to serve, a disk snapshot."""
+        vbucket = self._vbucket
+        with vbucket.lock:
+            if self._finished or self._generation != vbucket._generation:
+                return False
+            if self._snapshot is not None:
+                return self._snapshot.is_disk
+            return self._position < vbucket._memory_low_seqno and self._position < self._end_seqno
+
     def has_pending(self) -> bool:
         """True if `next_snapshot` would return something now."""
         vbucket = self._vbucket

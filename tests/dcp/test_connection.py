@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import socket
 import threading
@@ -57,6 +58,7 @@ from tests.dcp.scripted_peer import (
 PASSWORD = "s3cret-pw"
 CREDENTIALS = Credentials("dcp", PASSWORD)
 FAST = ConnectionOptions(connect_timeout=2.0, request_timeout=2.0)
+SEQUENTIAL = dataclasses.replace(FAST, backfill_order="sequential")
 
 
 def _count(message: object) -> int:
@@ -205,10 +207,11 @@ def test_optional_controls_refused_are_tolerated(refusal: Status) -> None:
             "enable_expiry_opcode": refusal,
             "send_stream_end_on_client_close_stream": refusal,
             "max_marker_version": refusal,
+            "backfill_order": refusal,  # Couchbase before 6.6
         }
     )
     with ScriptedPeer(behaviour) as peer:
-        connection = connect(peer)
+        connection = connect(peer, options=SEQUENTIAL)
         try:
             assert connection.accepted_controls == {
                 "connection_buffer_size",
@@ -251,8 +254,25 @@ def test_configured_window_and_noop_interval_are_sent() -> None:
             assert controls["connection_buffer_size"] == "4096"
             assert controls["set_noop_interval"] == "30"
             assert "enable_expiry_opcode" not in controls
+            assert "backfill_order" not in controls  # the producer's default unless asked
         finally:
             connection.close()
+
+
+def test_a_backfill_order_asked_for_is_sent() -> None:
+    with ScriptedPeer() as peer:
+        connection = connect(peer, options=SEQUENTIAL)
+        try:
+            controls = {c.key: c.value for c in peer.session().wait_for(DcpControl, count=7)}
+            assert controls["backfill_order"] == "sequential"
+            assert "backfill_order" in connection.accepted_controls
+        finally:
+            connection.close()
+
+
+def test_an_unknown_backfill_order_is_refused_before_connecting() -> None:
+    with pytest.raises(ConfigError, match="backfill order must be one of round-robin, sequential"):
+        ConnectionOptions(backfill_order="random")
 
 
 # --- authentication and bucket -----------------------------------------------------------

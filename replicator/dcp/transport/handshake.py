@@ -178,6 +178,8 @@ class Handshake:
             optional.append(("max_marker_version", "2.2"))
         if opts.change_streams and features.collections:
             optional.append(("change_streams", "true"))
+        if opts.backfill_order is not None:
+            optional.append(("backfill_order", opts.backfill_order))
         accepted = []
         for key, value in required + optional:
             reply = self._call_sync(DcpControl(key, value))

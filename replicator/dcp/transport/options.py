@@ -15,6 +15,9 @@ from replicator.dcp.transport.auth import SaslMechanism
 from replicator.dcp.transport.flow_control import DEFAULT_WINDOW_BYTES
 from replicator.errors import ConfigError
 
+BACKFILL_ORDERS = ("round-robin", "sequential")
+"""The values of the backfill_order control."""
+
 
 @dataclass(frozen=True, slots=True)
 class TlsSettings:
@@ -54,6 +57,10 @@ class ConnectionOptions:
     change_streams: bool = False
     """Ask for change streams (history snapshots: every revision of collections with history
     retention, Couchbase 7.2+); a producer without them refuses, and streams stay deduplicated."""
+    backfill_order: str | None = None
+    """Ask for this backfill order (`round-robin` or `sequential`, Couchbase 6.6+); None: the
+    producer's default (round-robin). Sequential completes each vbucket's disk snapshot before
+    the next one starts, so a consumer that acts on whole snapshots can start early."""
     include_xattrs: bool = True
     allow_plain_over_tcp: bool = False
     sasl_mechanism: SaslMechanism | None = None
@@ -70,6 +77,11 @@ class ConnectionOptions:
             raise ConfigError(
                 f"service name is too long: the connection name `<service>:<32 hex>` must fit "
                 f"{MAX_CONNECTION_NAME_BYTES} bytes"
+            )
+        if self.backfill_order not in (None, *BACKFILL_ORDERS):
+            raise ConfigError(
+                f"backfill order must be one of {', '.join(BACKFILL_ORDERS)}, "
+                f"not {self.backfill_order!r}"
             )
         if not 1 <= self.noop_interval <= 10800:
             raise ConfigError(f"noop interval must be 1..10800 s, not {self.noop_interval}")

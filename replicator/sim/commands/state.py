@@ -33,6 +33,8 @@ class DcpState:
 
     `streams` are keyed by (vbucket, stream id): with enable_stream_id a vbucket may have
     several. `ready` lists, round-robin, the streams that may have something to send.
+    With backfill_order=sequential, `backfills` queues the backfilling streams in the order
+    their backfills started, and only the first of them is served (in-memory streams go on).
     """
 
     name: str
@@ -43,13 +45,50 @@ class DcpState:
     ready_set: set[StreamKey] = field(default_factory=set)
     unacked_bytes: int = 0
     any_stream_opened: bool = False
+    backfills: deque[StreamKey] = field(default_factory=deque)
     _by_vbucket: dict[int, set[StreamKey]] = field(default_factory=dict)
+    _queued_backfills: set[StreamKey] = field(default_factory=set)
 
     def mark_ready(self, key: StreamKey) -> None:
         """Queue the stream for the next turn of serving (once)."""
         if key not in self.ready_set:
             self.ready_set.add(key)
             self.ready.append(key)
+
+    def pop_ready(self) -> None:
+        """Take the first stream off `ready`."""
+        self.ready_set.discard(self.ready.popleft())
+
+    def backfill_turn(self, key: StreamKey, stream: ProducerStream) -> bool:
+        """May `stream` pull its next part now? Yes unless backfills are sequential, it is
+        backfilling, and an older backfill is not finished; then it is queued behind it."""
+        if not self.settings.sequential_backfill or not stream.backfilling:
+            return True
+        if key not in self._queued_backfills:
+            self._queued_backfills.add(key)
+            self.backfills.append(key)
+        return self.current_backfill() == key
+
+    def served(self, key: StreamKey) -> None:
+        """The stream had its turn: if it was the current backfill and finished it, the next
+        backfill's turn comes."""
+        if self.backfills and self.backfills[0] == key:
+            self.current_backfill()
+
+    def current_backfill(self) -> StreamKey | None:
+        """The oldest stream still backfilling. Finished or closed backfills leave the queue,
+        and the stream whose turn comes is queued to serve (it may have been passed over)."""
+        queue = self.backfills
+        while queue:
+            head = queue[0]
+            stream = self.streams.get(head)
+            if stream is not None and stream.backfilling:
+                return head
+            queue.popleft()
+            self._queued_backfills.discard(head)
+            if queue:
+                self.mark_ready(queue[0])
+        return None
 
     def add_stream(self, key: StreamKey, stream: ProducerStream) -> None:
         self.streams[key] = stream
@@ -62,10 +101,14 @@ class DcpState:
             keys.discard(key)
             if not keys:
                 del self._by_vbucket[key[0]]
+        if self.backfills and self.backfills[0] == key:
+            self.current_backfill()
 
     def clear_streams(self) -> None:
         self.streams.clear()
         self._by_vbucket.clear()
+        self.backfills.clear()
+        self._queued_backfills.clear()
 
     def keys_of(self, vbucket: int) -> tuple[StreamKey, ...]:
         """The vbucket's open streams (one, or several with stream ids)."""
