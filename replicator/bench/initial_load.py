@@ -38,6 +38,8 @@ class InitialLoadResult:
     python_cpu_seconds: float
     jvm_cpu_seconds: float
     spark_jobs: int
+    jvm_warmup_seconds: float = 0.0
+    """How long the untimed warm-up before it took (0: none; see `suite.warm_up_jvm`)."""
 
 
 def bench_config(source: str, target: str, password: str, **settings: Any) -> ReplicatorConfig:

@@ -155,7 +155,9 @@ def measurement_rows(report: BenchReport) -> list[tuple[str, str, str]]:
             f"{i.rows_in_mirror:,} rows in {i.seconds:.1f} s, {i.commits} commits, "
             f"{i.spark_jobs} Spark jobs, "
             f"complete={i.complete}; CPU: Python {i.python_cpu_seconds:.0f} s, "
-            f"JVM {i.jvm_cpu_seconds:.0f} s",
+            f"JVM {i.jvm_cpu_seconds:.0f} s"
+            + (f"; after an untimed JVM warm-up of {i.jvm_warmup_seconds:.0f} s"
+               if i.jvm_warmup_seconds else ""),
         ))
     if report.plain_append is not None:
         p = report.plain_append

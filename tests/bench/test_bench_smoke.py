@@ -72,6 +72,7 @@ def test_smoke_numbers_are_sane(smoke_run: tuple[BenchReport, dict[str, Any], Pa
     load = document["initial_load"]
     assert load["complete"] and load["rows_in_mirror"] == preset.docs
     assert load["rows_per_second"] > 0
+    assert load["jvm_warmup_seconds"] > 0  # the warm-up ran, into a mirror of its own
     assert document["plain_append"]["rows"] == preset.docs
     assert document["plain_append"]["rows_per_second"] > 0
     assert 0 < document["load_ratio"] < 10
