@@ -1,7 +1,7 @@
 """Measurement 4: the sink's physical limit: the same rows, plainly appended from Arrow.
 
 The mirror's own rows are read back (untimed) in chunks of vbuckets, each chunk no larger than
-a group commit's byte cap, and appended from Arrow to a fresh Delta table partitioned like the
+a first load's commit byte cap, and appended from Arrow to a fresh Delta table partitioned like the
 mirror (by its generated `vbucket_group`, or by `vbucket` for a mirror of the older layout).
 Only the appends are timed: that is what any writer of these rows into Delta must pay, with no
 DCP, staging or commit protocol around it.

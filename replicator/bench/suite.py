@@ -119,7 +119,7 @@ def run_suite(
             "plain_append", "4. plain Arrow append of the same rows",
             lambda: measure_plain_append(
                 spark, mirror_path, str(work / "plain-append"),
-                max_chunk_bytes=CommitThresholds().max_bytes,
+                max_chunk_bytes=CommitThresholds().max_first_load_bytes,
             ),
         )  # fmt: skip
         rollback = sections.run(
@@ -303,7 +303,7 @@ def warm_up_jvm(
     run_replication(warm, spark=spark)
     measure_plain_append(
         spark, warm.target, str(work / "plain-append"),
-        max_chunk_bytes=CommitThresholds().max_bytes,
+        max_chunk_bytes=CommitThresholds().max_first_load_bytes,
     )  # fmt: skip
     shutil.rmtree(work, ignore_errors=True)
     return time.perf_counter() - started

@@ -33,17 +33,26 @@ class CommitThresholds:
 
     `max_rows` and `max_bytes` also cap a batch; a vbucket's ready rows are never split
     (positions exist only at snapshot boundaries), so a single vbucket may exceed them.
+    The rows of first loads, which are appended rather than merged, count against
+    `max_first_load_bytes` instead of `max_bytes`: an append costs more per commit than per
+    row (a warm 1,000,000-document load over 1024 vbuckets took 37.3 and 30.4 s in 9 commits
+    of 128 MB, 26.8 and 27.8 s in 3 of 512 MB), and rows beyond the memory budget are spill
+    files that Spark reads, so the larger cap holds no more in memory than the budget does.
     """
 
     max_rows: int = 500_000
     max_bytes: int = 128 * 1024 * 1024
     max_delay_seconds: float = 10.0
+    max_first_load_bytes: int = 512 * 1024 * 1024
 
     def __post_init__(self) -> None:
         if self.max_rows <= 0:
             raise ValueError(f"max_rows must be positive, got {self.max_rows}")
-        if self.max_bytes <= 0:
-            raise ValueError(f"max_bytes must be positive, got {self.max_bytes}")
+        if self.max_bytes <= 0 or self.max_first_load_bytes <= 0:
+            raise ValueError(
+                f"max_bytes and max_first_load_bytes must be positive, got {self.max_bytes} "
+                f"and {self.max_first_load_bytes}"
+            )
         if self.max_delay_seconds < 0:
             raise ValueError(
                 f"max_delay_seconds must not be negative, got {self.max_delay_seconds}"
@@ -195,21 +204,28 @@ def plan_commit(
     by_age = sorted(candidates, key=lambda vb: (min(r.ready_since for r in candidates[vb]), vb))
     chosen: list[int] = []
     rows = 0
-    size = 0
+    size = {True: 0, False: 0}  # bytes of first loads (appended), of the others (merged)
     for vbucket in by_age:
         vb_rows = sum(run.row_count for run in candidates[vbucket])
         vb_bytes = sum(run.byte_count for run in candidates[vbucket])
-        fits = rows + vb_rows <= thresholds.max_rows and size + vb_bytes <= thresholds.max_bytes
+        first = is_first_load(committed.get(vbucket))
+        cap = thresholds.max_first_load_bytes if first else thresholds.max_bytes
+        fits = rows + vb_rows <= thresholds.max_rows and size[first] + vb_bytes <= cap
         if chosen and not fits:
             continue
         chosen.append(vbucket)
         rows += vb_rows
-        size += vb_bytes
+        size[first] += vb_bytes
     commits = tuple(
         _vbucket_commit(vbucket, candidates[vbucket], committed.get(vbucket), failover_logs)
         for vbucket in sorted(chosen)
     )
     return CommitBatch(batch_id=batch_id, commits=commits, trigger=trigger)
+
+
+def is_first_load(committed: VbucketPosition | None) -> bool:
+    """Nothing of the vbucket is committed yet: its rows are appended, not merged."""
+    return committed is None or committed.seqno == 0
 
 
 def seconds_until_due(
@@ -350,7 +366,7 @@ def _vbucket_commit(
         vbucket=vbucket,
         position=position,
         previous_seqno=previous,
-        first_load=committed is None or committed.seqno == 0,
+        first_load=is_first_load(committed),
         snapshot_start=runs[0].start_seqno,
         snapshot_count=sum(run.snapshot_count for run in runs),
         tables=tuple(table for run in runs for table in run.tables),

@@ -189,6 +189,24 @@ def test_batch_takes_oldest_vbuckets_first_within_the_caps() -> None:
     assert batch.row_count == 100
 
 
+def test_first_loads_fill_their_own_byte_cap_beside_the_merged_vbuckets() -> None:
+    thresholds = CommitThresholds(max_rows=100, max_bytes=1_000, max_first_load_bytes=3_000)
+    ready = {
+        vb: (run(vb, 1, 5, rows=10, byte_count=1_000, ready_since=float(vb)),)
+        for vb in range(1, 7)
+    }
+    # 1, 3 and 5 were loaded already: their rows are merged; 2, 4 and 6 are first loads.
+    committed = {vb: VbucketPosition.at_boundary(vb, 0xA1A, vb % 2) for vb in ready}
+    batch = plan_commit(ready, committed, LOGS, thresholds, batch_id=1, now=0, force=True)
+    assert batch is not None
+    # One merged vbucket fills max_bytes; the three first loads fit max_first_load_bytes.
+    assert batch.vbuckets == (1, 2, 4, 6)
+    assert [c.first_load for c in batch.commits] == [False, True, True, True]
+    same_cap = CommitThresholds(max_rows=100, max_bytes=1_000, max_first_load_bytes=1_000)
+    batch = plan_commit(ready, committed, LOGS, same_cap, batch_id=1, now=0, force=True)
+    assert batch is not None and batch.vbuckets == (1, 2)
+
+
 def test_one_vbucket_larger_than_the_caps_still_commits_alone() -> None:
     ready = {1: (run(1, 1, 5, rows=500),), 2: (run(2, 1, 5, rows=5, ready_since=1.0),)}
     batch = plan_commit(ready, {}, LOGS, THRESHOLDS, batch_id=1, now=0)
@@ -210,7 +228,12 @@ def test_missing_failover_log_is_refused() -> None:
 
 @pytest.mark.parametrize(
     "arguments",
-    [{"max_rows": 0}, {"max_bytes": -1}, {"max_delay_seconds": -0.5}],
+    [
+        {"max_rows": 0},
+        {"max_bytes": -1},
+        {"max_delay_seconds": -0.5},
+        {"max_first_load_bytes": 0},
+    ],
 )
 def test_invalid_thresholds_are_refused(arguments: dict[str, float]) -> None:
     with pytest.raises(ValueError, match=next(iter(arguments))):
