@@ -37,7 +37,7 @@ class CommitThresholds:
     `max_first_load_bytes` instead of `max_bytes`: an append costs more per commit than per
     row (a warm 1,000,000-document load over 1024 vbuckets took 37.3 and 30.4 s in 9 commits
     of 128 MB, 26.8 and 27.8 s in 3 of 512 MB), and rows beyond the memory budget are spill
-    files that Spark reads, so the larger cap holds no more in memory than the budget does.
+    files that Spark reads, so a commit still holds in memory no more than the budget.
     """
 
     max_rows: int = 500_000
