@@ -161,14 +161,13 @@ class ProducerStream:
         """Encode the cursor's next part into `pending`; False when the cursor is caught up."""
         if self._finished:
             return False
-        disk = self._cursor.backfilling
         served = self._cursor.next_snapshot(max_items)
         if served is None:
             return False
-        self._backfill_tail = disk
         if isinstance(served, StreamEnd):
             self._queue_end(served.reason)
             return True
+        self._backfill_tail = served.from_disk
         self._encode_part(served)
         return True
 

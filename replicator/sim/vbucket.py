@@ -88,6 +88,8 @@ class ServedSnapshot:
     items: tuple[HistoryItem, ...]
     is_last_part: bool
     prologue: bool = False
+    from_disk: bool = False
+    """The part belongs to a disk snapshot (a backfill)."""
 
 
 @dataclass(slots=True)
@@ -748,7 +750,9 @@ class VBucket:
             items.append(item)
         snapshot.next_seqno = seqno
         marker, snapshot.marker = snapshot.marker, None
-        return ServedSnapshot(marker, tuple(items), seqno > last, snapshot.prologue)
+        return ServedSnapshot(
+            marker, tuple(items), seqno > last, snapshot.prologue, from_disk=snapshot.is_disk
+        )
 
 
 class StreamCursor:

@@ -42,7 +42,6 @@ class OneSnapshotCursor:
     def __init__(self, part: ServedSnapshot) -> None:
         self._part: ServedSnapshot | None = part
         self.closed = False
-        self.backfilling = False  # backfill order is not what these tests look at
 
     def next_snapshot(self, max_items: int = 0) -> ServedSnapshot | None:
         part, self._part = self._part, None
