@@ -232,6 +232,39 @@ def _newest_per_vbucket(frame: DataFrame) -> DataFrame:
     )
 
 
+def checkpoints_of_commit(commit: CommitRecord) -> list[Checkpoint]:
+    """The checkpoints `CheckpointsTable.record` writes for one data commit (pure)."""
+    return [
+        Checkpoint(
+            owner_id=commit.metadata.owner_id,
+            batch_id=commit.metadata.batch_id,
+            table_version=commit.version,
+            kind=commit.metadata.kind,
+            position=position,
+            committed_at=commit.timestamp,
+        )
+        for position in sorted(commit.metadata.positions.values(), key=lambda p: p.vbucket)
+    ]
+
+
+def with_queued(
+    written: Iterable[Checkpoint], queued: Iterable[CommitRecord], vbucket: int
+) -> list[Checkpoint]:
+    """`vbucket`'s checkpoints as they will be once the `queued` commits are recorded (pure).
+
+    A commit recorded already (a flush that landed before its queue was cleared) counts once.
+    Oldest (lowest table version) first, as `CheckpointsTable.for_vbucket` answers.
+    """
+    merged = {(c.owner_id, c.batch_id, c.table_version): c for c in written if c.vbucket == vbucket}
+    for commit in queued:
+        for checkpoint in checkpoints_of_commit(commit):
+            if checkpoint.vbucket == vbucket:
+                merged.setdefault(
+                    (checkpoint.owner_id, checkpoint.batch_id, checkpoint.table_version), checkpoint
+                )
+    return sorted(merged.values(), key=lambda c: (c.table_version, c.batch_id))
+
+
 def checkpoint_of_row(row: Any) -> Checkpoint:
     """A Checkpoint from a row of the table (a Spark Row or a dict of its columns)."""
     position = VbucketPosition(

@@ -129,7 +129,7 @@ class CommitExecutor:
     `fault_hook`, when given, is called with each name of FAULT_STEPS as a commit passes it;
     tests raise from it to simulate a crash at that point. `checkpoint_every` data commits
     share one checkpoints commit (1: each writes its own at once); `flush_checkpoints` writes
-    what is queued, and must run before the checkpoints are read. Batches numbered
+    what is queued (read the table `with_queued` before then). Batches numbered
     `new_batches_from` or above are known never to have been committed (recovery says so), so
     they skip the look-up of an earlier attempt in the table history. With a `history` table,
     the revisions of HISTORY snapshots are appended to it before the data commit that applies
@@ -412,9 +412,9 @@ class CommitExecutor:
         del self._queued_checkpoints[: len(queued)]
 
     @property
-    def queued_checkpoints(self) -> int:
-        """Data commits whose checkpoint rows are not written yet."""
-        return len(self._queued_checkpoints)
+    def queued_commits(self) -> tuple[CommitRecord, ...]:
+        """Data commits whose checkpoint rows are not written yet (see `with_queued`)."""
+        return tuple(self._queued_checkpoints)
 
     def _retrying(self, what: str, action: Callable[[], None], *, fence: bool) -> None:
         """Run a commit through retry_on_conflict, counting retries.

@@ -20,6 +20,7 @@ from replicator.delta.rollback import (
     time_travel_horizon,
 )
 from replicator.delta.schema import MirrorConfig
+from replicator.delta.store import DeltaMirrorStore
 from replicator.delta.table import MirrorTable, open_or_create
 from replicator.model.positions import FailoverLog, VbucketPosition
 from tests.delta.helpers import (
@@ -215,3 +216,38 @@ def test_rollback_past_vacuumed_files_signals_a_full_resync(spark: Any, tmp_path
     # VACUUM of the data table leaves the replicator's own tables (under _replicator/) alone.
     owners.verify(claim)
     assert len(CheckpointsTable.of(mirror).for_vbucket(1)) == 2
+
+
+def test_a_run_rolls_back_from_checkpoints_still_queued_without_writing_them(
+    spark: Any, tmp_path: Path
+) -> None:
+    # A run queues checkpoint rows for several commits; its rollback plans from the table and
+    # the queue together, and no checkpoints commit comes before the rewind.
+    config = MirrorConfig("travel", num_vbuckets=64)
+    mirror = open_or_create(spark, str(tmp_path / "queued"), config)
+    owners = OwnersTable.of(mirror)
+    claim = owners.claim([3], "queued-writer")
+    executor = CommitExecutor(mirror, claim, owners, checkpoint_every=10)
+    store = DeltaMirrorStore(executor, owners, claim)
+    first = [upsert(3, "a", 1), upsert(3, "b", 2)]
+    store.commit(batch(1, vbucket_commit(3, first, seqno=2, first_load=True)), replace=frozenset())
+    later = [upsert(3, "a", 4, '"a4"'), upsert(3, "c", 5)]
+    store.commit(
+        batch(2, vbucket_commit(3, later, seqno=5, first_load=False, previous_seqno=2)),
+        replace=frozenset(),
+    )
+    assert len(executor.queued_commits) == 2
+
+    outcome = store.rollback(
+        3, 3, committed=VbucketPosition.at_boundary(3, UUID, 5),
+        failover_log=FailoverLog.of([(UUID, 0)]), reason="failover",
+    )  # fmt: skip
+
+    assert not outcome.full_resync
+    assert outcome.position == VbucketPosition.at_boundary(3, UUID, 2)
+    assert documents(mirror, [3]) == {(3, "a", 1, '{"v":1}'), (3, "b", 2, '{"v":2}')}
+    assert CheckpointsTable.of(mirror).for_vbucket(3) == []
+    assert [c.metadata.kind for c in executor.queued_commits] == ["commit", "commit", "rollback"]
+    executor.flush_checkpoints()
+    assert [c.seqno for c in CheckpointsTable.of(mirror).for_vbucket(3)] == [2, 5, 2]
+    owners.release(claim)

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from replicator.delta.checkpoints import Checkpoint
-from replicator.delta.commit_metadata import COMMIT, RESYNC, ROLLBACK
+from replicator.delta.checkpoints import Checkpoint, with_queued
+from replicator.delta.commit_metadata import COMMIT, RESYNC, ROLLBACK, CommitMetadata
 from replicator.delta.rollback import live_boundaries, plan_rollback, readable_horizon
+from replicator.delta.table import CommitRecord
 from replicator.model.positions import VbucketPosition
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -88,3 +89,29 @@ def test_horizon_is_the_newest_commit_past_the_retention() -> None:
     assert readable_horizon(commits, timedelta(days=7), now) == 4
     assert readable_horizon(commits, timedelta(days=30), now) == 3
     assert readable_horizon([], timedelta(days=7), now) == 0
+
+
+def queued_commit(version: int, seqnos: dict[int, int], kind: str = COMMIT) -> CommitRecord:
+    positions = {vb: VbucketPosition.at_boundary(vb, 1, seqno) for vb, seqno in seqnos.items()}
+    metadata = CommitMetadata(kind, version, 0, "o", "merge", positions)
+    return CommitRecord(version, T0, metadata)
+
+
+def test_queued_commits_count_as_checkpoints_of_their_vbuckets() -> None:
+    # Commits 7 and 8 are not written to the checkpoints table yet; 4 was, and also stayed
+    # queued (a flush that landed before the queue was cleared): it counts once.
+    queued = [
+        queued_commit(4, {5: 30}), queued_commit(7, {5: 50, 6: 60}), queued_commit(8, {6: 61}),
+    ]  # fmt: skip
+    merged = with_queued(HISTORY, queued, 5)
+    assert [(c.table_version, c.seqno) for c in merged] == [(1, 10), (3, 20), (4, 30), (7, 50)]
+    # So a rollback to 55 rewinds to the queued boundary, not to the newest written one.
+    plan = plan_rollback(merged, 5, 55, horizon=0)
+    assert plan.boundary is not None and plan.boundary.table_version == 7
+    assert plan.from_seqno == 50
+
+
+def test_a_queued_rollback_cuts_the_boundaries_above_it() -> None:
+    queued = [queued_commit(7, {5: 15}, kind=ROLLBACK)]
+    merged = with_queued(HISTORY, queued, 5)
+    assert [c.seqno for c in live_boundaries(merged, 5)] == [10, 15]
