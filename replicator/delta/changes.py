@@ -15,7 +15,6 @@ import pyarrow as pa
 
 from replicator.delta.schema import CHANGE_SCHEMA
 from replicator.planning.planner import VbucketCommit, deduplicate_changes
-from replicator.planning.replacement import DOCUMENT, IDENTITY, RESTORE_KEY, replacement_keys
 from replicator.staging.rows import CHANGE_SCHEMA as ARROW_CHANGE_SCHEMA
 from replicator.staging.rows import DELETE, UPSERT
 
@@ -119,37 +118,31 @@ def union_frames(frames: Sequence[DataFrame]) -> DataFrame:
 
 
 def replacement_changes(current: DataFrame, wanted: DataFrame) -> DataFrame:
-    """The change rows that turn `current` (one vbucket's rows) into `wanted` (DATA_COLUMNS).
+    """The change rows that turn `current` (one vbucket's rows) into `wanted` (pure plan).
 
     Upserts of wanted rows that are new or differ (by seqno and cas: a seqno names one change
-    on a vbucket's history), deletes of current rows whose document `wanted` lacks. Which rows
-    those are is decided on their identities, collected (`replacement_keys`); the rows
-    themselves are read by Spark, each side joined with a broadcast of its few keys, so a
-    rollback holds one vbucket's keys in memory, not its documents.
+    on a vbucket's history), deletes of current rows whose document `wanted` lacks.
     """
     from pyspark.sql import functions as F
 
-    spark = current.sparkSession
-    keys = replacement_keys(
-        current.select(*IDENTITY).toArrow(), wanted.select(*IDENTITY).toArrow()
+    document = ["collection_id", "key"]
+    stored = current.select(
+        *document, F.col("seqno").alias("_seqno"), F.col("cas").alias("_cas")
     )
-    upserts = wanted.join(
-        F.broadcast(_key_frame(spark, keys.restore)), list(RESTORE_KEY), "left_semi"
-    ).withColumn("op", F.lit(UPSERT))
-    deletes = current.join(
-        F.broadcast(_key_frame(spark, keys.delete)), list(DOCUMENT), "left_semi"
-    ).withColumn("op", F.lit(DELETE))
+    upserts = (
+        wanted.join(stored, document, "left")
+        .where(
+            F.col("_seqno").isNull()
+            | (F.col("_seqno") != F.col("seqno"))
+            | (F.col("_cas") != F.col("cas"))
+        )
+        .withColumn("op", F.lit(UPSERT))
+    )
+    deletes = current.join(wanted.select(*document), document, "left_anti").withColumn(
+        "op", F.lit(DELETE)
+    )
     names = CHANGE_SCHEMA.fieldNames()
     return upserts.select(*names).unionByName(deletes.select(*names))
-
-
-def _key_frame(spark: SparkSession, keys: pa.Table) -> DataFrame:
-    """A small frame of key columns (collection_id, key[, seqno]) for a broadcast join."""
-    from pyspark.sql.types import LongType, StringType, StructField, StructType
-
-    types = {"collection_id": LongType(), "key": StringType(), "seqno": LongType()}
-    schema = StructType([StructField(name, types[name], False) for name in keys.column_names])
-    return spark.createDataFrame(keys, schema)
 
 
 def _latest_per_document(changes: DataFrame) -> DataFrame:
