@@ -175,6 +175,34 @@ def test_a_crashed_rollback_is_recovered_with_its_failover_log(
     assert FailoverLogsTable.of(mirror).load([46]) == {46: fresh_log}
 
 
+def test_a_repair_that_crashes_writing_checkpoints_has_restored_the_failover_log(
+    mirror: MirrorTable, owners: OwnersTable, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    claim = owners.claim([47], "repair-crash")
+    executor = CommitExecutor(mirror, claim, owners)
+    executor.execute(batch(1, vbucket_commit(47, [upsert(47, "a", 2)], seqno=2, first_load=True)))
+    executor.execute(batch(2, vbucket_commit(47, [upsert(47, "b", 5)], seqno=5, first_load=False)))
+    plan = plan_rollback(CheckpointsTable.of(mirror).for_vbucket(47), 47, 4, horizon=0)
+    fresh_log = FailoverLog.of([(0xFEDCBA, 3), (UUID, 0)])
+    crashing = CommitExecutor(mirror, claim, owners, fault_hook=crash_at("after_data_commit"))
+    with pytest.raises(Crash):
+        rollback_vbucket(crashing, plan, batch_id=3, failover_log=fresh_log, reason="test")
+
+    def crash_recording(self: CheckpointsTable, commits: object) -> None:
+        raise Crash("the repair died writing checkpoint rows")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(CheckpointsTable, "record", crash_recording)
+        with pytest.raises(Crash):
+            repair_checkpoints(mirror)
+    # Whatever the repair managed before it died, the next start must see the rollback's log.
+    assert FailoverLogsTable.of(mirror).load([47]) == {47: fresh_log}
+    state = recover(mirror, owner_id=claim.owner_id, vbuckets=[47])
+    assert state.positions[47] == VbucketPosition.at_boundary(47, UUID, 2)
+    assert state.failover_logs == {47: fresh_log}
+    owners.release(claim)
+
+
 def test_a_new_mirror_is_claimed_and_recovered_with_one_spark_job(
     spark: SparkSession, tmp_path: Path
 ) -> None:
