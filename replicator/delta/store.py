@@ -106,7 +106,7 @@ class DeltaMirrorStore:
         reason: str,
     ) -> RollbackOutcome:
         from replicator.delta.checkpoints import with_queued
-        from replicator.delta.rollback import plan_rollback, rollback_vbucket, time_travel_horizon
+        from replicator.delta.rollback import plan_rollback, rewind_horizon, rollback_vbucket
 
         if failover_log is None:
             raise ConfigError(f"vbucket {vbucket}: a rollback needs the producer's failover log")
@@ -121,9 +121,10 @@ class DeltaMirrorStore:
         checkpoints = with_queued(
             self._executor.checkpoints.for_vbucket(vbucket), self._executor.queued_commits, vbucket
         )
-        plan = plan_rollback(
-            checkpoints, vbucket, rollback_seqno, time_travel_horizon(self.mirror)
-        )
+        plan = plan_rollback(checkpoints, vbucket, rollback_seqno, horizon=0)
+        if plan.boundary is not None:  # is the boundary it chose still readable?
+            horizon = rewind_horizon(self.mirror, plan.boundary)
+            plan = plan_rollback(checkpoints, vbucket, rollback_seqno, horizon)
         outcome = rollback_vbucket(
             self._executor, plan, batch_id=self.next_batch_id, failover_log=failover_log,
             reason=reason,

@@ -219,9 +219,16 @@ class MirrorTable:
             if record.version > floors.get(record.metadata.owner_id, -1)
         ]
 
-    def commit_timestamps(self) -> list[tuple[int, datetime]]:
-        """(version, timestamp) of every commit still in the log, oldest first."""
-        rows = self.delta().history().select("version", "timestamp").orderBy("version").collect()
+    def commit_timestamps(self, since_version: int = 0) -> list[tuple[int, datetime]]:
+        """(version, timestamp) of every commit from `since_version` on still in the log, oldest
+        first. History reads one log file per commit, and the log keeps a month of them: only
+        the newest ones are read (with slack for commits other writers land meanwhile; missing
+        one only makes the caller more cautious)."""
+        history = self.delta().history(max(self.version() - since_version, 0) + 64)
+        rows = (
+            history.where(f"version >= {int(since_version)}").select("version", "timestamp")
+            .orderBy("version").collect()
+        )  # fmt: skip
         return [(int(r["version"]), as_utc(r["timestamp"])) for r in rows]
 
     def _history_with_owner(self, limit: int | None) -> DataFrame:

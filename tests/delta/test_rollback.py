@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +18,8 @@ from replicator.delta.ownership import OwnerClaim, OwnersTable
 from replicator.delta.rollback import (
     plan_rollback,
     replace_vbucket,
+    rewind_horizon,
     rollback_vbucket,
-    time_travel_horizon,
 )
 from replicator.delta.schema import MirrorConfig
 from replicator.delta.store import DeltaMirrorStore
@@ -77,8 +79,9 @@ def test_rollback_rewrites_only_that_vbucket_to_its_boundary(
     expected_21 = rows_21.collect()
 
     checkpoints = CheckpointsTable.of(mirror).for_vbucket(20)
-    plan = plan_rollback(checkpoints, 20, 7, horizon=time_travel_horizon(mirror))
+    plan = plan_rollback(checkpoints, 20, 7, horizon=0)
     assert plan.to_seqno == 6
+    assert plan.boundary is not None and rewind_horizon(mirror, plan.boundary) == 0
     outcome = rollback_vbucket(
         executor, plan, batch_id=4, failover_log=FRESH_LOG, reason="failover on node-2"
     )
@@ -251,3 +254,34 @@ def test_a_run_rolls_back_from_checkpoints_still_queued_without_writing_them(
     executor.flush_checkpoints()
     assert [c.seqno for c in CheckpointsTable.of(mirror).for_vbucket(3)] == [2, 5, 2]
     owners.release(claim)
+
+
+def test_an_old_boundary_is_checked_against_the_history_since_it_only(
+    spark: Any, tmp_path: Path
+) -> None:
+    config = MirrorConfig("travel", num_vbuckets=64)
+    mirror = open_or_create(spark, str(tmp_path / "horizon"), config)
+    owners = OwnersTable.of(mirror)
+    claim = owners.claim([4], "horizon-writer")
+    executor = CommitExecutor(mirror, claim, owners)
+    for batch_id in (1, 2, 3):
+        changes = [upsert(4, "a", batch_id)]
+        commit = vbucket_commit(4, changes, seqno=batch_id, first_load=batch_id == 1)
+        executor.execute(batch(batch_id, commit))
+    owners.release(claim)
+    checkpoints = CheckpointsTable.of(mirror).for_vbucket(4)
+    boundary = checkpoints[1]
+    latest = mirror.version()
+
+    since = mirror.commit_timestamps(since_version=boundary.table_version)
+    assert [version for version, _ in since] == list(range(boundary.table_version, latest + 1))
+    # A boundary older than the retention, by its checkpoint, is checked against the commits
+    # since it: none of them has expired yet, so it is still readable...
+    old = dataclasses.replace(boundary, committed_at=boundary.committed_at - timedelta(days=8))
+    now = boundary.committed_at + timedelta(minutes=5)
+    assert rewind_horizon(mirror, old, now=now) == boundary.table_version
+    assert not plan_rollback(checkpoints, 4, 2, rewind_horizon(mirror, old, now=now)).full_resync
+    # ...until the commit after it has expired: its files may be gone.
+    later = now + timedelta(days=8)
+    assert rewind_horizon(mirror, old, now=later) == latest
+    assert plan_rollback(checkpoints, 4, 2, rewind_horizon(mirror, old, now=later)).full_resync

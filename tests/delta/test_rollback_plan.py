@@ -6,7 +6,8 @@ from datetime import UTC, datetime, timedelta
 
 from replicator.delta.checkpoints import Checkpoint, with_queued
 from replicator.delta.commit_metadata import COMMIT, RESYNC, ROLLBACK, CommitMetadata
-from replicator.delta.rollback import live_boundaries, plan_rollback, readable_horizon
+from replicator.delta.rollback import is_recent, live_boundaries, plan_rollback, readable_horizon
+from replicator.delta.schema import MirrorConfig
 from replicator.delta.table import CommitRecord
 from replicator.model.positions import VbucketPosition
 
@@ -115,3 +116,13 @@ def test_a_queued_rollback_cuts_the_boundaries_above_it() -> None:
     queued = [queued_commit(7, {5: 15}, kind=ROLLBACK)]
     merged = with_queued(HISTORY, queued, 5)
     assert [c.seqno for c in live_boundaries(merged, 5)] == [10, 15]
+
+
+def test_a_boundary_within_both_retentions_needs_no_history() -> None:
+    config = MirrorConfig(
+        "b", deleted_file_retention=timedelta(days=7), log_retention=timedelta(days=30)
+    )
+    assert is_recent(T0 - timedelta(days=6), config, now=T0)
+    assert not is_recent(T0 - timedelta(days=8), config, now=T0)
+    short_log = MirrorConfig("b", log_retention=timedelta(days=2))
+    assert not is_recent(T0 - timedelta(days=3), short_log, now=T0)
