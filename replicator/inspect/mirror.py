@@ -110,20 +110,13 @@ def pending_checkpoints(
     checkpoint rows yet (their process died between the two commits), one checkpoint per
     vbucket moved.
     """
-    from replicator.delta.checkpoints import Checkpoint
+    from replicator.delta.checkpoints import checkpoints_of_commit
 
     return [
-        Checkpoint(
-            owner_id=record.metadata.owner_id,
-            batch_id=record.metadata.batch_id,
-            table_version=record.version,
-            kind=record.metadata.kind,
-            position=position,
-            committed_at=record.timestamp,
-        )
+        checkpoint
         for record in sorted(commits, key=lambda r: r.version)
         if record.version > floors.get(record.metadata.owner_id, -1)
-        for position in record.metadata.positions.values()
+        for checkpoint in checkpoints_of_commit(record)
     ]
 
 

@@ -221,15 +221,21 @@ def test_rollback_past_vacuumed_files_signals_a_full_resync(spark: Any, tmp_path
     assert len(CheckpointsTable.of(mirror).for_vbucket(1)) == 2
 
 
+def own_mirror(
+    spark: Any, path: Path, vbucket: int
+) -> tuple[MirrorTable, OwnersTable, OwnerClaim]:
+    """A mirror of its own for one test, and a claim on `vbucket`."""
+    mirror = open_or_create(spark, str(path), MirrorConfig("travel", num_vbuckets=64))
+    owners = OwnersTable.of(mirror)
+    return mirror, owners, owners.claim([vbucket], f"writer-of-{path.name}")
+
+
 def test_a_run_rolls_back_from_checkpoints_still_queued_without_writing_them(
     spark: Any, tmp_path: Path
 ) -> None:
     # A run queues checkpoint rows for several commits; its rollback plans from the table and
     # the queue together, and no checkpoints commit comes before the rewind.
-    config = MirrorConfig("travel", num_vbuckets=64)
-    mirror = open_or_create(spark, str(tmp_path / "queued"), config)
-    owners = OwnersTable.of(mirror)
-    claim = owners.claim([3], "queued-writer")
+    mirror, owners, claim = own_mirror(spark, tmp_path / "queued", 3)
     executor = CommitExecutor(mirror, claim, owners, checkpoint_every=10)
     store = DeltaMirrorStore(executor, owners, claim)
     first = [upsert(3, "a", 1), upsert(3, "b", 2)]
@@ -259,10 +265,7 @@ def test_a_run_rolls_back_from_checkpoints_still_queued_without_writing_them(
 def test_an_old_boundary_is_checked_against_the_history_since_it_only(
     spark: Any, tmp_path: Path
 ) -> None:
-    config = MirrorConfig("travel", num_vbuckets=64)
-    mirror = open_or_create(spark, str(tmp_path / "horizon"), config)
-    owners = OwnersTable.of(mirror)
-    claim = owners.claim([4], "horizon-writer")
+    mirror, owners, claim = own_mirror(spark, tmp_path / "horizon", 4)
     executor = CommitExecutor(mirror, claim, owners)
     for batch_id in (1, 2, 3):
         changes = [upsert(4, "a", batch_id)]
