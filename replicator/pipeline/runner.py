@@ -62,8 +62,8 @@ def staging_dir_for(config: ReplicatorConfig, owner_id: str) -> str:
 
 
 CHECKPOINT_EVERY = 16
-"""Data commits whose checkpoint rows share one checkpoints commit (heartbeats, rollbacks and
-the end of a run write what is queued sooner). Recovery rebuilds the rows of a crashed run from
+"""Data commits whose checkpoint rows share one checkpoints commit (heartbeats and the end of a
+run write what is queued sooner; a rollback plans from the queue too). Recovery rebuilds the rows of a crashed run from
 the data commits' metadata, so queueing loses nothing."""
 
 STOP_GRACE_S = 60.0
