@@ -63,8 +63,8 @@ def staging_dir_for(config: ReplicatorConfig, owner_id: str) -> str:
 
 CHECKPOINT_EVERY = 16
 """Data commits whose checkpoint rows share one checkpoints commit (heartbeats and the end of a
-run write what is queued sooner; a rollback plans from the queue too). Recovery rebuilds the rows of a crashed run from
-the data commits' metadata, so queueing loses nothing."""
+run write what is queued sooner; a rollback plans from the queue too). Recovery rebuilds the
+rows of a crashed run from the data commits' metadata, so queueing loses nothing."""
 
 STOP_GRACE_S = 60.0
 """How long leaving a BackgroundRun's block waits for the stopped run to end (it commits what is
