@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from replicator.delta.compaction import Compactor
     from replicator.delta.executor import CommitExecutor
     from replicator.delta.ownership import OwnerClaim, OwnersTable
+    from replicator.delta.retention import MetadataPruner
     from replicator.delta.table import MirrorTable
 
 log = logging.getLogger(__name__)
@@ -31,7 +32,9 @@ class DeltaMirrorStore:
     Owns the batch counter: group commits, rollbacks and resyncs each take the next id, which
     is the Delta txnVersion of their commits, so it only ever grows. After a group commit it
     compacts the owner's partitions when due (`compactor`), on the same thread, so compaction
-    never races its own MERGEs.
+    never races its own MERGEs; after a checkpoints flush it prunes the owner's vbuckets' rows
+    of the checkpoints and failover logs tables when due (`pruner`), so they stay the size of
+    their vbuckets.
     """
 
     def __init__(
@@ -41,11 +44,13 @@ class DeltaMirrorStore:
         claim: OwnerClaim,
         *,
         compactor: Compactor | None = None,
+        pruner: MetadataPruner | None = None,
     ) -> None:
         self._executor = executor
         self._owners = owners
         self._claim = claim
         self._compactor = compactor
+        self._pruner = pruner
         self.next_batch_id = 1
         self._resync_reasons: dict[int, str] = {}
         """Why each vbucket awaiting a full resync needs it: recorded with its REPLACE commit."""
@@ -94,6 +99,12 @@ class DeltaMirrorStore:
                 self._compactor.note_appended()  # appends write healthy files
             else:
                 self._compactor.compact_if_due()
+        # Checked only right after a flush (the table grows by flushes; the check reads its
+        # snapshot), and not in a first load, whose few commits are the run's busiest.
+        if self._pruner is not None and not self._executor.queued_commits and not all(
+            commit.first_load for commit in batch.commits
+        ):
+            self._pruner.prune_if_due()
         return self.next_batch_id
 
     def rollback(

@@ -201,6 +201,7 @@ def run_replication(
     from replicator.delta.executor import CommitExecutor
     from replicator.delta.history import HistoryTable
     from replicator.delta.ownership import OwnersTable
+    from replicator.delta.retention import MetadataPruner
     from replicator.delta.schema import MirrorConfig
     from replicator.delta.table import open_or_create
     from replicator.runtime.jars import locate_delta_jars
@@ -241,7 +242,8 @@ def run_replication(
             history=history,
         )
         store = DeltaMirrorStore(
-            executor, owners, claim, compactor=Compactor(mirror, claim.vbuckets)
+            executor, owners, claim, compactor=Compactor(mirror, claim.vbuckets),
+            pruner=MetadataPruner(mirror, claim.vbuckets),
         )
         cleanup.callback(_release_quietly, store)
 
