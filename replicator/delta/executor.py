@@ -11,9 +11,8 @@
 A batch mixing first-load and steady vbuckets becomes two commits (append part 0, merge part 1),
 each with its own positions and txnVersion. Every commit carries the Delta txn ids of its owner
 and batch, so a batch applied twice commits once, and `CommitMetadata` as userMetadata, so the
-data commit is the point of truth the checkpoints table is repaired from. Checkpoint rows may be
-queued and written for several commits at once (`checkpoint_every`): one Delta commit per batch
-on the hot path.
+data commit is the point of truth the checkpoints table is repaired from. Checkpoint rows are
+queued for several commits (`checkpoint_every`): one Delta commit per batch on the hot path.
 
 Shards (replicators owning disjoint vbuckets) write one table at once. Every write names its
 partitions with literals, so shards owning whole partitions touch disjoint files and Delta's
@@ -47,6 +46,7 @@ from replicator.delta.conflicts import (
     delta_conflict_name,
     retry_on_conflict,
 )
+from replicator.delta.failover_logs import FailoverLogsTable, carried_failover_logs
 from replicator.delta.ownership import OwnerClaim, OwnersTable
 from replicator.delta.schema import DATA_COLUMNS
 from replicator.delta.table import (
@@ -400,10 +400,11 @@ class CommitExecutor:
         return datetime.fromtimestamp(int(snapshot.timestamp()) / 1000, tz=UTC)
 
     def flush_checkpoints(self) -> None:
-        """Write the checkpoint rows of every data commit queued so far, in one commit."""
+        """Write the queued commits' checkpoint rows (their rollbacks' failover logs first)."""
         queued = list(self._queued_checkpoints)
         if not queued:
             return
+        FailoverLogsTable.of(self.mirror).save_timed(carried_failover_logs(queued))
         self._retrying(
             f"checkpoints of batches {queued[0].metadata.batch_id}-{queued[-1].metadata.batch_id}",
             lambda: self.checkpoints.record(queued),

@@ -1,7 +1,9 @@
 """The failover logs table: each vbucket's whole failover log, as the producer last sent it.
 
-Saved after every successful stream request and after a rollback, so a restart resumes with
-the real log: a placeholder log would turn every partial rollback into a full one.
+Saved after every successful stream request, and for a rollback from the log its commit
+carries (`carried_failover_logs`: with the checkpoints of that commit, or by recovery's repair),
+so a restart resumes with the real log: a placeholder log would turn every partial rollback
+into a full one.
 
 Saving appends one row per vbucket and loading takes each vbucket's newest row (by
 `updated_at`). A blind append never conflicts with another shard's save and costs a fraction
@@ -16,9 +18,16 @@ from datetime import datetime
 from decimal import Decimal
 from typing import TYPE_CHECKING
 
+from replicator.delta.commit_metadata import ROLLBACK
 from replicator.delta.conflicts import retry_on_conflict
 from replicator.delta.schema import FAILOVER_LOG_SCHEMA, in_list
-from replicator.delta.table import SESSION_WRITE_LOCK, MirrorTable, now_utc, only_created
+from replicator.delta.table import (
+    SESSION_WRITE_LOCK,
+    CommitRecord,
+    MirrorTable,
+    now_utc,
+    only_created,
+)
 from replicator.model.positions import FailoverLog
 
 if TYPE_CHECKING:
@@ -39,16 +48,21 @@ class FailoverLogsTable:
 
     def save(self, logs: Mapping[int, FailoverLog], *, at: datetime | None = None) -> None:
         """Store the logs of the given vbuckets: one append, newer than every earlier row."""
+        updated_at = at or now_utc()
+        self.save_timed({vbucket: (log, updated_at) for vbucket, log in logs.items()})
+
+    def save_timed(self, logs: Mapping[int, tuple[FailoverLog, datetime]]) -> None:
+        """Store each vbucket's log as of its own time, in one append: a row older than one
+        already stored for its vbucket stays in the table but is not what `load` answers."""
         if not logs:
             return
-        updated_at = at or now_utc()
         rows = [
             (
                 vbucket,
                 [(Decimal(entry.vbucket_uuid), entry.seqno) for entry in log.entries],
                 updated_at,
             )
-            for vbucket, log in sorted(logs.items())
+            for vbucket, (log, updated_at) in sorted(logs.items())
         ]
         source = self.spark.createDataFrame(rows, FAILOVER_LOG_SCHEMA)
 
@@ -79,3 +93,21 @@ class FailoverLogsTable:
             pairs = [(int(entry["vbucket_uuid"]), int(entry["seqno"])) for entry in row["entries"]]
             logs[int(row["vbucket"])] = FailoverLog.of(pairs)
         return logs
+
+
+def carried_failover_logs(
+    commits: Iterable[CommitRecord],
+) -> dict[int, tuple[FailoverLog, datetime]]:
+    """The failover logs rollback `commits` carry, each as of its commit's time (pure).
+
+    Timed by the commit, not by when they are stored: a stream request's save made after the
+    rollback holds the newer log and must stay the answer. The newest commit of a vbucket wins.
+    """
+    logs: dict[int, tuple[FailoverLog, datetime]] = {}
+    for record in sorted(commits, key=lambda r: r.version):
+        pairs = record.metadata.details.get("failover_log")
+        if record.metadata.kind == ROLLBACK and pairs:
+            log = FailoverLog.of((int(u), int(s)) for u, s in pairs)
+            for vbucket in record.metadata.positions:
+                logs[vbucket] = (log, record.timestamp)
+    return logs

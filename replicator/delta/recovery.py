@@ -12,8 +12,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from replicator.delta.checkpoints import CheckpointsTable
-from replicator.delta.commit_metadata import ROLLBACK
-from replicator.delta.failover_logs import FailoverLogsTable
+from replicator.delta.failover_logs import FailoverLogsTable, carried_failover_logs
 from replicator.delta.table import MirrorTable
 from replicator.model.positions import FailoverLog, VbucketPosition
 
@@ -53,15 +52,9 @@ def repair_checkpoints(
     if newest_versions is None:
         newest_versions = checkpoints.newest_versions_by_owner()
     missing = mirror.commits_after(newest_versions)
-    failover_logs: dict[int, FailoverLog] = {}
-    for record in missing:
-        pairs = record.metadata.details.get("failover_log")
-        if record.metadata.kind == ROLLBACK and pairs:
-            for vbucket in record.metadata.positions:
-                failover_logs[vbucket] = FailoverLog.of((int(u), int(s)) for u, s in pairs)
     # Logs first: once a commit has checkpoint rows it is no longer missing, so a crash
     # between the two writes would leave its failover log unrestored for good.
-    FailoverLogsTable.of(mirror).save(failover_logs)
+    FailoverLogsTable.of(mirror).save_timed(carried_failover_logs(missing))
     checkpoints.record(missing)
     return tuple(record.version for record in missing)
 

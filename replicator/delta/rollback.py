@@ -182,9 +182,10 @@ def rollback_vbucket(
 ) -> RollbackOutcome:
     """Carry out a plan: rewrite the vbucket's rows as of the boundary's version, in one commit.
 
-    Then checkpoint it (kind rollback) and store the fresh `failover_log` (fetched after the
-    rollback answer). Returns a full-resync outcome, and writes nothing, when the plan says so or
-    the old version can no longer be read (vacuumed files, cleaned log).
+    The commit carries the fresh `failover_log` (fetched after the rollback answer), stored
+    with the commit's checkpoints (`carried_failover_logs`). Returns a full-resync outcome, and
+    writes nothing, when the plan says so or the old version can no longer be read (vacuumed
+    files, cleaned log).
     """
     vbucket = plan.vbucket
     if plan.boundary is None:
@@ -227,7 +228,6 @@ def rollback_vbucket(
         if not is_unreadable_version(exc):
             raise
         return _resync_needed(vbucket, boundary, str(exc))
-    FailoverLogsTable.of(mirror).save({vbucket: failover_log})
     return RollbackOutcome(vbucket, position, commit, plan.reason)
 
 

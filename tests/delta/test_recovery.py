@@ -203,6 +203,31 @@ def test_a_repair_that_crashes_writing_checkpoints_has_restored_the_failover_log
     owners.release(claim)
 
 
+def test_a_repaired_rollback_log_does_not_replace_a_newer_saved_one(
+    mirror: MirrorTable, owners: OwnersTable
+) -> None:
+    # The rollback commits and the process goes on: its stream request saves a newer log, then
+    # the process dies before the rollback's checkpoints are written. The repair restores the
+    # rollback's log as of the rollback's commit, so the newer log stays the answer.
+    claim = owners.claim([48], "repair-newer-log")
+    executor = CommitExecutor(mirror, claim, owners)
+    executor.execute(batch(1, vbucket_commit(48, [upsert(48, "a", 2)], seqno=2, first_load=True)))
+    executor.execute(batch(2, vbucket_commit(48, [upsert(48, "b", 5)], seqno=5, first_load=False)))
+    plan = plan_rollback(CheckpointsTable.of(mirror).for_vbucket(48), 48, 4, horizon=0)
+    rollback_log = FailoverLog.of([(0xAAAA, 3), (UUID, 0)])
+    crashing = CommitExecutor(mirror, claim, owners, fault_hook=crash_at("after_data_commit"))
+    with pytest.raises(Crash):
+        rollback_vbucket(crashing, plan, batch_id=3, failover_log=rollback_log, reason="test")
+    newer_log = FailoverLog.of([(0xBBBB, 4), (0xAAAA, 3), (UUID, 0)])
+    FailoverLogsTable.of(mirror).save({48: newer_log})
+
+    state = recover(mirror, owner_id=claim.owner_id, vbuckets=[48])
+
+    assert state.repaired_versions  # the rollback's checkpoints were missing
+    assert state.failover_logs == {48: newer_log}
+    owners.release(claim)
+
+
 def test_a_new_mirror_is_claimed_and_recovered_with_one_spark_job(
     spark: SparkSession, tmp_path: Path
 ) -> None:

@@ -247,9 +247,10 @@ def test_a_run_rolls_back_from_checkpoints_still_queued_without_writing_them(
     )
     assert len(executor.queued_commits) == 2
 
+    rollback_log = FailoverLog.of([(NEW_UUID, 3), (UUID, 0)])
     outcome = store.rollback(
-        3, 3, committed=VbucketPosition.at_boundary(3, UUID, 5),
-        failover_log=FailoverLog.of([(UUID, 0)]), reason="failover",
+        3, 3, committed=VbucketPosition.at_boundary(3, UUID, 5), failover_log=rollback_log,
+        reason="failover",
     )  # fmt: skip
 
     assert not outcome.full_resync
@@ -257,8 +258,11 @@ def test_a_run_rolls_back_from_checkpoints_still_queued_without_writing_them(
     assert documents(mirror, [3]) == {(3, "a", 1, '{"v":1}'), (3, "b", 2, '{"v":2}')}
     assert CheckpointsTable.of(mirror).for_vbucket(3) == []
     assert [c.metadata.kind for c in executor.queued_commits] == ["commit", "commit", "rollback"]
+    # Its failover log is written with its checkpoints, not by the rollback (0.4 to 0.6 s).
+    assert FailoverLogsTable.of(mirror).load([3]) == {}
     executor.flush_checkpoints()
     assert [c.seqno for c in CheckpointsTable.of(mirror).for_vbucket(3)] == [2, 5, 2]
+    assert FailoverLogsTable.of(mirror).load([3]) == {3: rollback_log}
     owners.release(claim)
 
 
