@@ -11,7 +11,7 @@ import pytest
 from replicator.delta.checkpoints import CheckpointsTable
 from replicator.delta.executor import FAULT_STEPS, CommitExecutor
 from replicator.delta.failover_logs import FailoverLogsTable
-from replicator.delta.ownership import OwnersTable
+from replicator.delta.ownership import OwnerClaim, OwnersTable
 from replicator.delta.recovery import FIRST_BATCH_ID, recover, repair_checkpoints
 from replicator.delta.rollback import plan_rollback, rollback_vbucket
 from replicator.delta.schema import MirrorConfig
@@ -153,19 +153,29 @@ def test_checkpoints_are_repaired_from_history_once(
     assert len(checkpoints.for_vbucket(45)) == 3
 
 
+def crashed_rollback(
+    mirror: MirrorTable, owners: OwnersTable, vbucket: int, writer: str, log: FailoverLog
+) -> OwnerClaim:
+    """Commit seqnos 2 and 5 to `vbucket`, then roll it back to 2 carrying `log`, and die right
+    after the rollback's data commit (its checkpoints unwritten). Returns the writer's claim."""
+    claim = owners.claim([vbucket], writer)
+    executor = CommitExecutor(mirror, claim, owners)
+    first = vbucket_commit(vbucket, [upsert(vbucket, "a", 2)], seqno=2, first_load=True)
+    executor.execute(batch(1, first))
+    later = vbucket_commit(vbucket, [upsert(vbucket, "b", 5)], seqno=5, first_load=False)
+    executor.execute(batch(2, later))
+    plan = plan_rollback(CheckpointsTable.of(mirror).for_vbucket(vbucket), vbucket, 4, horizon=0)
+    crashing = CommitExecutor(mirror, claim, owners, fault_hook=crash_at("after_data_commit"))
+    with pytest.raises(Crash):
+        rollback_vbucket(crashing, plan, batch_id=3, failover_log=log, reason="test")
+    return claim
+
+
 def test_a_crashed_rollback_is_recovered_with_its_failover_log(
     mirror: MirrorTable, owners: OwnersTable
 ) -> None:
-    claim = owners.claim([46], "rollback-crash")
-    executor = CommitExecutor(mirror, claim, owners)
-    executor.execute(batch(1, vbucket_commit(46, [upsert(46, "a", 2)], seqno=2, first_load=True)))
-    executor.execute(batch(2, vbucket_commit(46, [upsert(46, "b", 5)], seqno=5, first_load=False)))
-    checkpoints = CheckpointsTable.of(mirror).for_vbucket(46)
-    plan = plan_rollback(checkpoints, 46, 4, horizon=0)
     fresh_log = FailoverLog.of([(0xABCDEF, 3), (UUID, 0)])
-    crashing = CommitExecutor(mirror, claim, owners, fault_hook=crash_at("after_data_commit"))
-    with pytest.raises(Crash):
-        rollback_vbucket(crashing, plan, batch_id=3, failover_log=fresh_log, reason="test")
+    claim = crashed_rollback(mirror, owners, 46, "rollback-crash", fresh_log)
 
     state = recover(mirror, owner_id=claim.owner_id, vbuckets=[46])
     assert state.positions[46] == VbucketPosition.at_boundary(46, UUID, 2)
@@ -178,15 +188,8 @@ def test_a_crashed_rollback_is_recovered_with_its_failover_log(
 def test_a_repair_that_crashes_writing_checkpoints_has_restored_the_failover_log(
     mirror: MirrorTable, owners: OwnersTable, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    claim = owners.claim([47], "repair-crash")
-    executor = CommitExecutor(mirror, claim, owners)
-    executor.execute(batch(1, vbucket_commit(47, [upsert(47, "a", 2)], seqno=2, first_load=True)))
-    executor.execute(batch(2, vbucket_commit(47, [upsert(47, "b", 5)], seqno=5, first_load=False)))
-    plan = plan_rollback(CheckpointsTable.of(mirror).for_vbucket(47), 47, 4, horizon=0)
     fresh_log = FailoverLog.of([(0xFEDCBA, 3), (UUID, 0)])
-    crashing = CommitExecutor(mirror, claim, owners, fault_hook=crash_at("after_data_commit"))
-    with pytest.raises(Crash):
-        rollback_vbucket(crashing, plan, batch_id=3, failover_log=fresh_log, reason="test")
+    claim = crashed_rollback(mirror, owners, 47, "repair-crash", fresh_log)
 
     def crash_recording(self: CheckpointsTable, commits: object) -> None:
         raise Crash("the repair died writing checkpoint rows")
@@ -209,15 +212,8 @@ def test_a_repaired_rollback_log_does_not_replace_a_newer_saved_one(
     # The rollback commits and the process goes on: its stream request saves a newer log, then
     # the process dies before the rollback's checkpoints are written. The repair restores the
     # rollback's log as of the rollback's commit, so the newer log stays the answer.
-    claim = owners.claim([48], "repair-newer-log")
-    executor = CommitExecutor(mirror, claim, owners)
-    executor.execute(batch(1, vbucket_commit(48, [upsert(48, "a", 2)], seqno=2, first_load=True)))
-    executor.execute(batch(2, vbucket_commit(48, [upsert(48, "b", 5)], seqno=5, first_load=False)))
-    plan = plan_rollback(CheckpointsTable.of(mirror).for_vbucket(48), 48, 4, horizon=0)
     rollback_log = FailoverLog.of([(0xAAAA, 3), (UUID, 0)])
-    crashing = CommitExecutor(mirror, claim, owners, fault_hook=crash_at("after_data_commit"))
-    with pytest.raises(Crash):
-        rollback_vbucket(crashing, plan, batch_id=3, failover_log=rollback_log, reason="test")
+    claim = crashed_rollback(mirror, owners, 48, "repair-newer-log", rollback_log)
     newer_log = FailoverLog.of([(0xBBBB, 4), (0xAAAA, 3), (UUID, 0)])
     FailoverLogsTable.of(mirror).save({48: newer_log})
 
