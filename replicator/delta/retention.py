@@ -105,13 +105,15 @@ def rows_to_drop(
     later = Window.partitionBy("vbucket").orderBy(*newest_first).rowsBetween(
         Window.unboundedPreceding, -1
     )
-    by_owner = Window.partitionBy("owner_id")
+    # Per owner, over the whole table (a few rows: a join, not a window holding every row).
+    owners = frame.groupBy("owner_id").agg(
+        F.max("batch_id").alias("owner_batch"), F.max("table_version").alias("owner_version")
+    )
     rows = (
         frame.select("owner_id", "batch_id", "table_version", "kind", "vbucket", "seqno",
                      "committed_at")
-        .withColumn("owner_batch", F.max("batch_id").over(by_owner))
-        .withColumn("owner_version", F.max("table_version").over(by_owner))
         .where(in_list("vbucket", wanted) if wanted else F.lit(False))
+        .join(F.broadcast(owners), "owner_id")
         .withColumn("resync_later", F.max((F.col("kind") == RESYNC).cast("int")).over(later))
         .withColumn(
             "rollback_later",
