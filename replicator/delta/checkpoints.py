@@ -106,7 +106,9 @@ class CheckpointsTable:
                 for commit in owned
                 for position in sorted(commit.metadata.positions.values(), key=lambda p: p.vbucket)
             ]
-            frame = self.spark.createDataFrame(rows, CHECKPOINT_SCHEMA)
+            # One file per append: a list becomes one partition per core (two here, dozens
+            # on a cluster), each a file of a few rows that every later read opens.
+            frame = self.spark.createDataFrame(rows, CHECKPOINT_SCHEMA).coalesce(1)
             with SESSION_WRITE_LOCK:
                 (
                     frame.write.format("delta")

@@ -64,7 +64,7 @@ class FailoverLogsTable:
             )
             for vbucket, (log, updated_at) in sorted(logs.items())
         ]
-        source = self.spark.createDataFrame(rows, FAILOVER_LOG_SCHEMA)
+        source = self.spark.createDataFrame(rows, FAILOVER_LOG_SCHEMA).coalesce(1)  # one file
 
         def append() -> None:
             with SESSION_WRITE_LOCK:

@@ -70,9 +70,9 @@ class CheckpointRetention:
     recent: int = 16
     hourly_for: timedelta = timedelta(days=1)
     daily_for: timedelta = timedelta(days=7)
-    prune_every_files: int = 32
-    """A prune is due once the table holds this many more files than after the last one (an
-    append per 16 commits by default: every 512 commits)."""
+    prune_every_files: int = 16
+    """A prune is due once the table holds this many more files than after the last one. A
+    checkpoints flush appends one file, for 16 commits by default: every 256 commits."""
 
     def __post_init__(self) -> None:
         if self.recent < 1:
