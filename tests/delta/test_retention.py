@@ -3,6 +3,7 @@ still find their boundaries and logs, and that rows appended during a prune surv
 
 from __future__ import annotations
 
+import logging
 import random
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime, timedelta
@@ -199,7 +200,7 @@ def test_an_abandoned_newest_commit_of_an_owner_stays_cut_off_by_its_rollback(
 
 
 def test_a_restart_recovers_the_same_positions_and_batch_ids_after_a_prune(
-    spark: Any, tmp_path: Path
+    spark: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     mirror = new_mirror(spark, tmp_path / "restart")
     owners = OwnersTable.of(mirror)
@@ -213,6 +214,7 @@ def test_a_restart_recovers_the_same_positions_and_batch_ids_after_a_prune(
     for uuid in (101, 102, 103):  # three stream requests' saves; vbucket 9 is another shard's
         store.save_failover_logs({vb: FailoverLog.of([(uuid, 0)]) for vb in (0, 1, 2, 3, 9)})
     seqno = 0
+    caplog.set_level(logging.INFO, logger="replicator.delta.retention")
     for batch_id in range(1, 9):
         first = batch_id == 1
         changes = [upsert(vbucket, f"k{batch_id}", seqno + 1 + vbucket) for vbucket in range(4)]
@@ -224,6 +226,9 @@ def test_a_restart_recovers_the_same_positions_and_batch_ids_after_a_prune(
         store.commit(batch(batch_id, *commits), replace=frozenset())
         seqno += 4
     assert pruner.prunes >= 1  # due every 3 files: the store pruned on its own
+    said = [r.getMessage() for r in caplog.records if r.name == "replicator.delta.retention"]
+    # An operator sees a prune start (commits wait for it), then what it did.
+    assert said[0].startswith("pruning the checkpoints") and said[1].startswith("pruned ")
     left = remaining(mirror)
     assert len({c.table_version for c in left}) < 8
     saved = spark.read.format("delta").load(mirror.layout.failover_logs)
