@@ -100,7 +100,6 @@ def rows_to_drop(
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    wanted = sorted(set(vbuckets))
     newest_first = [F.col("table_version").desc(), F.col("batch_id").desc()]
     later = Window.partitionBy("vbucket").orderBy(*newest_first).rowsBetween(
         Window.unboundedPreceding, -1
@@ -112,7 +111,7 @@ def rows_to_drop(
     rows = (
         frame.select("owner_id", "batch_id", "table_version", "kind", "vbucket", "seqno",
                      "committed_at")
-        .where(in_list("vbucket", wanted) if wanted else F.lit(False))
+        .where(in_list("vbucket", vbuckets))
         .join(F.broadcast(owners), "owner_id")
         .withColumn("resync_later", F.max((F.col("kind") == RESYNC).cast("int")).over(later))
         .withColumn(
@@ -158,9 +157,8 @@ def failover_rows_to_drop(frame: DataFrame, vbuckets: Iterable[int]) -> DataFram
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    wanted = sorted(set(vbuckets))
     return (
-        frame.where(in_list("vbucket", wanted) if wanted else F.lit(False))
+        frame.where(in_list("vbucket", vbuckets))
         .withColumn("newest", F.max("updated_at").over(Window.partitionBy("vbucket")))
         .where(F.col("updated_at") < F.col("newest"))
         .select("vbucket", "updated_at")
