@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +20,9 @@ COMMIT = "commit"
 ROLLBACK = "rollback"
 RESYNC = "resync"
 COMMIT_KINDS = (COMMIT, ROLLBACK, RESYNC)
+
+VBUCKET_DETAILS = "vbuckets"
+"""The details key of a commit that rolls back several vbuckets: one mapping per vbucket."""
 
 
 def txn_version(batch_id: int, part: int) -> int:
@@ -114,7 +117,9 @@ class CommitHeader:
 class CommitMetadata:
     """The userMetadata of one data commit: who made it, for which batch, reaching which positions.
 
-    `details` holds kind-specific facts (a rollback's from/to seqnos, failover log, reason).
+    `details` holds kind-specific facts (a rollback's from/to seqnos, failover log, reason):
+    flat for one vbucket, a list under VBUCKET_DETAILS for a commit that rolls back several
+    (see `vbucket_details`).
     """
 
     kind: str
@@ -176,3 +181,25 @@ class CommitMetadata:
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"malformed replicator commit metadata: {exc}") from exc
+
+    def vbucket_details(self) -> dict[int, Mapping[str, Any]]:
+        """Per vbucket, the facts of a rollback or resync (each mapping names its `vbucket`).
+
+        A one-vbucket commit keeps them flat, as every release before multi-vbucket rollbacks
+        wrote them; a flat mapping without `vbucket` belongs to the commit's only vbucket.
+        """
+        listed = self.details.get(VBUCKET_DETAILS)
+        if isinstance(listed, list):
+            return {int(facts["vbucket"]): facts for facts in listed if isinstance(facts, dict)}
+        vbucket = self.details.get("vbucket")
+        if vbucket is None and len(self.positions) == 1:
+            vbucket = next(iter(self.positions))
+        return {} if vbucket is None else {int(vbucket): self.details}
+
+
+def rollback_details(facts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The details of a commit rolling back the vbuckets `facts` describe (each has `vbucket`):
+    flat for one, so one-vbucket rollbacks read as they always did."""
+    if len(facts) == 1:
+        return dict(facts[0])
+    return {VBUCKET_DETAILS: [dict(f) for f in sorted(facts, key=lambda f: int(f["vbucket"]))]}

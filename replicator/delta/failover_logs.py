@@ -105,9 +105,11 @@ def carried_failover_logs(
     """
     logs: dict[int, tuple[FailoverLog, datetime]] = {}
     for record in sorted(commits, key=lambda r: r.version):
-        pairs = record.metadata.details.get("failover_log")
-        if record.metadata.kind == ROLLBACK and pairs:
-            log = FailoverLog.of((int(u), int(s)) for u, s in pairs)
-            for vbucket in record.metadata.positions:
+        if record.metadata.kind != ROLLBACK:
+            continue
+        for vbucket, facts in record.metadata.vbucket_details().items():
+            pairs = facts.get("failover_log")
+            if pairs and vbucket in record.metadata.positions:
+                log = FailoverLog.of((int(u), int(s)) for u, s in pairs)
                 logs[vbucket] = (log, record.timestamp)
     return logs

@@ -124,8 +124,11 @@ def rollbacks(
     >>> for record in rollbacks(spark, "/data/mirror"):  # doctest: +SKIP
     ...     print(record.explain())
     """
-    records = (rollback_record(entry) for entry in _history_of(spark, target, engine))
-    return [record for record in records if record is not None]
+    return [
+        record
+        for entry in _history_of(spark, target, engine)
+        for record in rollback_records(entry)
+    ]
 
 
 def commit_activity(
@@ -148,36 +151,36 @@ def _history_of(spark: SparkSession | None, target: str, engine: str | None) -> 
     return read_history(table_reader(engine, spark), target)
 
 
-def rollback_record(entry: HistoryEntry) -> RollbackRecord | None:
-    """The rollback a history entry carried out; None for any other commit (pure)."""
+def rollback_records(entry: HistoryEntry) -> list[RollbackRecord]:
+    """The rollbacks a history entry carried out, by vbucket; none for any other commit (pure).
+
+    A failover rolls many vbuckets back in one commit: each gets its record.
+    """
     header = entry.commit_header
     if header is None or header.kind not in (ROLLBACK, RESYNC):
-        return None
+        return []
     metadata = entry.commit_metadata
     if metadata is None:
-        return None
-    details = metadata.details
-    vbucket = details.get("vbucket")
-    if vbucket is None and len(metadata.positions) == 1:
-        vbucket = next(iter(metadata.positions))
-    if vbucket is None:
-        return None
-    position = metadata.positions.get(int(vbucket))
-    to_seqno = details.get("to_seqno", position.seqno if position is not None else 0)
-    pairs = details.get("failover_log")
-    return RollbackRecord(
-        table_version=entry.version,
-        committed_at=entry.timestamp,
-        kind=metadata.kind,
-        vbucket=int(vbucket),
-        to_seqno=int(to_seqno),
-        from_seqno=_optional_int(details.get("from_seqno")),
-        rollback_seqno=_optional_int(details.get("rollback_seqno")),
-        from_table_version=_optional_int(details.get("from_table_version")),
-        reason=str(details["reason"]) if details.get("reason") is not None else None,
-        failover_log=FailoverLog.of((int(u), int(s)) for u, s in pairs) if pairs else None,
-        owner_id=metadata.owner_id,
-    )
+        return []
+    records = []
+    for vbucket, details in sorted(metadata.vbucket_details().items()):
+        position = metadata.positions.get(vbucket)
+        to_seqno = details.get("to_seqno", position.seqno if position is not None else 0)
+        pairs = details.get("failover_log")
+        records.append(RollbackRecord(
+            table_version=entry.version,
+            committed_at=entry.timestamp,
+            kind=metadata.kind,
+            vbucket=vbucket,
+            to_seqno=int(to_seqno),
+            from_seqno=_optional_int(details.get("from_seqno")),
+            rollback_seqno=_optional_int(details.get("rollback_seqno")),
+            from_table_version=_optional_int(details.get("from_table_version")),
+            reason=str(details["reason"]) if details.get("reason") is not None else None,
+            failover_log=FailoverLog.of((int(u), int(s)) for u, s in pairs) if pairs else None,
+            owner_id=metadata.owner_id,
+        ))  # fmt: skip
+    return records
 
 
 def commit_activities(entries: Sequence[HistoryEntry]) -> list[CommitActivity]:

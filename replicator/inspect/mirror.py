@@ -176,15 +176,15 @@ def rollback_history(
             )
     newest = {vb: records[max(records)] for vb, records in seen.items()}
     wanted = {record.table_version for record in newest.values()}
-    details: dict[int, Mapping[str, Any]] = {}
+    details: dict[int, dict[int, Mapping[str, Any]]] = {}
     for entry in entries:
         if entry.version in wanted:
             metadata = entry.commit_metadata
             if metadata is not None:
-                details[entry.version] = metadata.details
+                details[entry.version] = metadata.vbucket_details()
     result = {}
     for vbucket, record in newest.items():
-        facts = details.get(record.table_version, {})
+        facts = details.get(record.table_version, {}).get(vbucket, {})
         from_seqno = facts.get("from_seqno")
         reason = facts.get("reason")
         result[vbucket] = (

@@ -29,11 +29,11 @@ from deltalake import DeltaTable
 
 from replicator.cli.audit import add_audit_arguments, run_audit
 from replicator.cli.main import main as replicator_main
-from replicator.delta.commit_metadata import CommitMetadata
+from replicator.delta.commit_metadata import CommitMetadata, rollback_details
 from replicator.delta.reader import HistoryEntry
 from replicator.delta.schema import DATA_COLUMNS, MirrorLayout
 from replicator.errors import ConfigError, NotAMirrorError
-from replicator.inspect.commits import commit_activities, rollback_record, rollbacks
+from replicator.inspect.commits import commit_activities, rollback_records, rollbacks
 from replicator.inspect.documents import (
     ChangeOperation,
     DocumentVersion,
@@ -641,11 +641,10 @@ def test_rollback_records_and_activity_come_from_commit_metadata() -> None:
     after = entry(3, 3, user_metadata=metadata("commit", 26))
     foreign = entry(4, 4, "OPTIMIZE")
 
-    record = rollback_record(rollback)
+    [record] = rollback_records(rollback)
     activity = commit_activities([foreign, after, rollback, commit])
 
-    assert rollback_record(commit) is None and rollback_record(foreign) is None
-    assert record is not None
+    assert rollback_records(commit) == [] and rollback_records(foreign) == []
     assert (record.vbucket, record.from_seqno, record.to_seqno, record.rollback_seqno) == (
         2, 30, 20, 22
     )
@@ -654,6 +653,34 @@ def test_rollback_records_and_activity_come_from_commit_metadata() -> None:
              a.source_changes) for a in activity] == [
         (1, 4, 1, 0, 30), (2, 3, 0, 5, 0), (3, 0, 0, 0, 6), (4, 0, 0, 0, None)
     ]
+
+
+def test_a_commit_that_rolls_back_several_vbuckets_gives_each_its_record() -> None:
+    from replicator.model.positions import VbucketPosition
+
+    facts = [
+        {"vbucket": vb, "from_seqno": 30 + vb, "to_seqno": 20 + vb, "rollback_seqno": 25 + vb,
+         "from_table_version": vb, "failover_log": [[90 + vb, 25 + vb], [77, 0]],
+         "reason": f"why {vb}"}
+        for vb in (7, 2)
+    ]  # fmt: skip
+    positions = {vb: VbucketPosition.at_boundary(vb, 90 + vb, 20 + vb) for vb in (2, 7)}
+    text = CommitMetadata("rollback", 4, 0, "vb0-7", "replace", positions,
+                          rollback_details(facts)).to_json()
+    parsed = CommitMetadata.from_json(text)
+    assert parsed is not None and sorted(parsed.vbucket_details()) == [2, 7]
+
+    records = rollback_records(entry(5, 5, "MERGE", user_metadata=text))
+
+    assert [(r.vbucket, r.from_seqno, r.to_seqno, r.rollback_seqno, r.from_table_version,
+             r.reason, r.table_version) for r in records] == [
+        (2, 32, 22, 27, 2, "why 2", 5), (7, 37, 27, 32, 7, "why 7", 5)
+    ]
+    assert [r.failover_log.as_pairs() for r in records if r.failover_log] == [
+        [(92, 27), (77, 0)], [(97, 32), (77, 0)]
+    ]
+    # One vbucket keeps the flat form every earlier release wrote and read.
+    assert rollback_details(facts[:1]) == facts[0]
 
 
 # --- other engines: delta-rs (`deltalake`) reads the mirror exactly as Spark does -------------
