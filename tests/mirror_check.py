@@ -120,7 +120,7 @@ def rewinds(spark: Any, target: str) -> tuple[set[int], int]:
     for row in DeltaTable.forPath(spark, target).history().collect():
         details = json.loads(row["userMetadata"]) if row["userMetadata"] else {}
         if details.get("kind") in (ROLLBACK, RESYNC):
-            rewound.add(int(details["vbucket"]))
+            rewound.update(int(vb) for vb in details["positions"])  # one or a failover's
             last = max(last, int(row["version"]))
     return rewound, last
 

@@ -27,6 +27,7 @@ from replicator.delta.schema import DATA_COLUMNS, MirrorConfig
 from replicator.delta.store import DeltaMirrorStore
 from replicator.delta.table import MirrorTable, open_or_create
 from replicator.errors import ReplicatorError
+from replicator.model.mirror import RollbackRequest
 from replicator.model.positions import FailoverLog, VbucketPosition
 from replicator.pipeline.runner import CHECKPOINT_EVERY
 from replicator.planning.planner import CommitBatch, CommitTrigger, VbucketCommit
@@ -134,9 +135,8 @@ def measure_rollback(
         # Between the two boundaries: the producer forgot part of the later snapshot.
         rollback_seqno = (boundary.seqno + later.position.seqno) // 2
         started = time.perf_counter()
-        outcome = store.rollback(
-            vbucket, rollback_seqno, committed=later.position, failover_log=failover_log,
-            reason="benchmark",
+        [outcome] = store.rollback(
+            [RollbackRequest(vbucket, rollback_seqno, later.position, failover_log, "benchmark")]
         )
         seconds = time.perf_counter() - started
     finally:

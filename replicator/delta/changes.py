@@ -118,14 +118,14 @@ def union_frames(frames: Sequence[DataFrame]) -> DataFrame:
 
 
 def replacement_changes(current: DataFrame, wanted: DataFrame) -> DataFrame:
-    """The change rows that turn `current` (one vbucket's rows) into `wanted` (pure plan).
+    """The change rows that turn `current` (some vbuckets' rows) into `wanted` (pure plan).
 
     Upserts of wanted rows that are new or differ (by seqno and cas: a seqno names one change
     on a vbucket's history), deletes of current rows whose document `wanted` lacks.
     """
     from pyspark.sql import functions as F
 
-    document = ["collection_id", "key"]
+    document = ["vbucket", "collection_id", "key"]
     stored = current.select(
         *document, F.col("seqno").alias("_seqno"), F.col("cas").alias("_cas")
     )

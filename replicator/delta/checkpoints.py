@@ -8,7 +8,7 @@ idempotent: they carry the owner's txnAppId and the newest data commit's txnVers
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
@@ -163,10 +163,17 @@ class CheckpointsTable:
 
     def for_vbucket(self, vbucket: int) -> list[Checkpoint]:
         """Every checkpoint of one vbucket, oldest (lowest table version) first."""
-        rows = self.read().where(f"vbucket = {int(vbucket)}").collect()
-        return sorted(
-            (checkpoint_of_row(row) for row in rows), key=lambda c: (c.table_version, c.batch_id)
-        )
+        return self.for_vbuckets([vbucket])[vbucket]
+
+    def for_vbuckets(self, vbuckets: Collection[int]) -> dict[int, list[Checkpoint]]:
+        """Every checkpoint of each of `vbuckets` (one read), oldest first."""
+        wanted = sorted(set(vbuckets))
+        found: dict[int, list[Checkpoint]] = {vb: [] for vb in wanted}
+        if wanted:
+            for row in self.read().where(in_list("vbucket", wanted)).collect():
+                checkpoint = checkpoint_of_row(row)
+                found[checkpoint.vbucket].append(checkpoint)
+        return {vb: _oldest_first(checkpoints) for vb, checkpoints in found.items()}
 
     def newest_versions_by_owner(self) -> dict[str, int]:
         """For each owner, the newest data table version it has checkpoints for."""
@@ -250,21 +257,34 @@ def checkpoints_of_commit(commit: CommitRecord) -> list[Checkpoint]:
 
 
 def with_queued(
-    written: Iterable[Checkpoint], queued: Iterable[CommitRecord], vbucket: int
-) -> list[Checkpoint]:
-    """`vbucket`'s checkpoints as they will be once the `queued` commits are recorded (pure).
+    written: Iterable[Checkpoint], queued: Iterable[CommitRecord], vbuckets: Collection[int]
+) -> dict[int, list[Checkpoint]]:
+    """Each of `vbuckets`' checkpoints as they will be once the `queued` commits are recorded
+    (pure).
 
     A commit recorded already (a flush that landed before its queue was cleared) counts once.
-    Oldest (lowest table version) first, as `CheckpointsTable.for_vbucket` answers.
+    Oldest (lowest table version) first, as `CheckpointsTable.for_vbuckets` answers.
     """
-    merged = {(c.owner_id, c.batch_id, c.table_version): c for c in written if c.vbucket == vbucket}
+    wanted = set(vbuckets)
+    merged: dict[int, dict[tuple[str, int, int], Checkpoint]] = {vb: {} for vb in wanted}
+    for checkpoint in written:
+        if checkpoint.vbucket in wanted:
+            merged[checkpoint.vbucket][_identity(checkpoint)] = checkpoint
     for commit in queued:
+        if wanted.isdisjoint(commit.metadata.positions):
+            continue
         for checkpoint in checkpoints_of_commit(commit):
-            if checkpoint.vbucket == vbucket:
-                merged.setdefault(
-                    (checkpoint.owner_id, checkpoint.batch_id, checkpoint.table_version), checkpoint
-                )
-    return sorted(merged.values(), key=lambda c: (c.table_version, c.batch_id))
+            if checkpoint.vbucket in wanted:
+                merged[checkpoint.vbucket].setdefault(_identity(checkpoint), checkpoint)
+    return {vb: _oldest_first(found.values()) for vb, found in merged.items()}
+
+
+def _identity(checkpoint: Checkpoint) -> tuple[str, int, int]:
+    return checkpoint.owner_id, checkpoint.batch_id, checkpoint.table_version
+
+
+def _oldest_first(checkpoints: Iterable[Checkpoint]) -> list[Checkpoint]:
+    return sorted(checkpoints, key=lambda c: (c.table_version, c.batch_id))
 
 
 def checkpoint_of_row(row: Any) -> Checkpoint:

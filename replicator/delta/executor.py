@@ -4,9 +4,9 @@
 - MERGE: steady state: deduplicated changes merged on (vbucket, collection_id, key), the
   condition led by literal partition and vbucket predicates (`DataLayout.predicate`), the only
   predicates Delta's MERGE prunes files by.
-- REPLACE: one vbucket's rows made equal to a given set (rollback to a version, full resync):
-  the difference (changed rows, and deletes of rows not in the set) is MERGEd, so deletion
-  vectors mark the old rows and no other row is copied.
+- REPLACE: some vbuckets' rows made equal to a given set (rollback to a version, a failover's
+  vbuckets in one commit; full resync): the difference (changed rows, deletes of rows not in
+  the set) is MERGEd, so deletion vectors mark the old rows and no other row is copied.
 
 A batch mixing first-load and steady vbuckets becomes two commits (append part 0, merge part 1),
 each with its own positions and txnVersion. Every commit carries the Delta txn ids of its owner
@@ -48,7 +48,7 @@ from replicator.delta.conflicts import (
 )
 from replicator.delta.failover_logs import FailoverLogsTable, carried_failover_logs
 from replicator.delta.ownership import OwnerClaim, OwnersTable
-from replicator.delta.schema import DATA_COLUMNS
+from replicator.delta.schema import DATA_COLUMNS, in_list
 from replicator.delta.table import (
     SESSION_WRITE_LOCK,
     CommitRecord,
@@ -214,36 +214,36 @@ class CommitExecutor:
 
     def replace_rows(
         self,
-        vbucket: int,
+        positions: Mapping[int, VbucketPosition],
         rows: DataFrame,
-        position: VbucketPosition,
         *,
         batch_id: int,
         kind: str,
+        rewound_to: Mapping[int, int],
         details: Mapping[str, Any] | None = None,
-        history_marker: int = 0,
         revised: Sequence[VbucketCommit] = (),
     ) -> DataCommit:
-        """REPLACE strategy: make `rows` (data columns) all of `vbucket`'s rows, in one commit.
+        """REPLACE strategy: make `rows` (data columns) all the rows of `positions`' vbuckets.
 
-        Used for a rollback (rows of an older version) and a full resync (a complete stream
-        from 0: keys not in `rows` disappear). Only the difference is written: rows that
-        changed, and deletes of rows `rows` lacks, MERGEd like any batch. With a history
-        table, a rollback marker (the vbucket goes back to `history_marker`) and the history
-        revisions of `revised` (a resync's stream) are appended before the commit.
+        One commit, for rollbacks (rows of older versions; a failover's vbuckets together) and
+        a full resync (a complete stream from 0: keys not in `rows` disappear). Only the
+        difference is written: rows that changed, and deletes of rows `rows` lacks, MERGEd like
+        any batch. With a history table, rollback markers (each vbucket of `rewound_to` goes
+        back to its seqno) and the history revisions of `revised` are appended first.
         """
-        if position.vbucket != vbucket:
-            raise ValueError(f"position of vbucket {position.vbucket} given for vbucket {vbucket}")
-        self._check_claimed([vbucket], f"{kind} of vbucket {vbucket}")
-        wanted = rows.where(f"vbucket = {int(vbucket)}").select(*DATA_COLUMNS)
+        vbuckets = sorted(positions)
+        if not vbuckets or any(p.vbucket != vb for vb, p in positions.items()):
+            raise ValueError(f"positions must name their own vbuckets, got {positions}")
+        self._check_claimed(vbuckets, f"{kind} of vbuckets {vbuckets}")
+        wanted = rows.where(in_list("vbucket", vbuckets)).select(*DATA_COLUMNS)
 
         def write(metadata: CommitMetadata) -> None:
-            current = self.mirror.read().where(self.mirror.data_layout.predicate([vbucket]))
-            self._merge_source(replacement_changes(current, wanted), [vbucket], metadata)
+            current = self.mirror.read().where(self.mirror.data_layout.predicate(vbuckets))
+            self._merge_source(replacement_changes(current, wanted), vbuckets, metadata)
 
         return self._commit(
-            batch_id, 0, kind, WriteStrategy.REPLACE, {vbucket: position}, write, details=details,
-            before_write=self._history_of(revised, rollback=(vbucket, history_marker)),
+            batch_id, 0, kind, WriteStrategy.REPLACE, positions, write, details=details,
+            before_write=self._history_of(revised, rewound_to=rewound_to),
         )
 
     def change_rows(self, commits: Sequence[VbucketCommit]) -> DataFrame:
@@ -251,20 +251,20 @@ class CommitExecutor:
         return change_rows(self.spark, commits)
 
     def _history_of(
-        self, commits: Sequence[VbucketCommit], *, rollback: tuple[int, int] | None = None
+        self, commits: Sequence[VbucketCommit], *, rewound_to: Mapping[int, int] | None = None
     ) -> Callable[[CommitMetadata], None] | None:
-        """What appends to the history table before a commit: a `rollback` marker (vbucket,
+        """What appends to the history table before a commit: rollback markers (vbucket -> the
         seqno it goes back to), then `commits`' history revisions. None: nothing to append."""
         history = self.history
         if history is None or (
-            rollback is None and not any(commit.history_ranges for commit in commits)
+            not rewound_to and not any(commit.history_ranges for commit in commits)
         ):
             return None
 
         def append(metadata: CommitMetadata) -> None:
             owner_id, batch_id = metadata.owner_id, metadata.batch_id
-            if rollback is not None:
-                history.record_rollback(*rollback, owner_id=owner_id, batch_id=batch_id)
+            if rewound_to:
+                history.record_rollbacks(rewound_to, owner_id=owner_id, batch_id=batch_id)
             history.append(
                 history_revisions(commits), owner_id=owner_id, batch_id=batch_id,
                 part=metadata.part,

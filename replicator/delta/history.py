@@ -10,6 +10,7 @@ readers mark them as the rolled-back branch.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
@@ -66,14 +67,24 @@ class HistoryTable:
         self._append(rows)
         return count
 
-    def record_rollback(self, vbucket: int, to_seqno: int, *, owner_id: str, batch_id: int) -> None:
-        """Mark that `vbucket` goes back to `to_seqno` in batch `batch_id` (before its commit,
-        which is the batch's part 0)."""
-        marker: dict[str, list[object]] = {name: [None] for name in HISTORY_SCHEMA.fieldNames()}
+    def record_rollbacks(
+        self, to_seqnos: Mapping[int, int], *, owner_id: str, batch_id: int
+    ) -> None:
+        """Mark that each vbucket of `to_seqnos` goes back to its seqno in batch `batch_id`
+        (before its commit, which is the batch's part 0): one append for a whole failover."""
+        vbuckets = sorted(to_seqnos)
+        count = len(vbuckets)
+        if not count:
+            return
+        marker: dict[str, Sequence[object]] = {
+            name: [None] * count for name in HISTORY_SCHEMA.fieldNames()
+        }
         marker.update(
-            owner_id=[owner_id], batch_id=[batch_id], part=[0], vbucket=[vbucket], scope=[""],
-            collection=[""], collection_id=[-1], key=[""], seqno=[to_seqno], rev_seqno=[0],
-            cas=[0], is_json=[False], op=[ROLLBACK_OP], recorded_at=[now_utc()],
+            owner_id=[owner_id] * count, batch_id=[batch_id] * count, part=[0] * count,
+            vbucket=vbuckets, scope=[""] * count, collection=[""] * count,
+            collection_id=[-1] * count, key=[""] * count, rev_seqno=[0] * count, cas=[0] * count,
+            seqno=[to_seqnos[vb] for vb in vbuckets],
+            is_json=[False] * count, op=[ROLLBACK_OP] * count, recorded_at=[now_utc()] * count,
         )  # fmt: skip
         self._append(pa.table(marker, schema=_arrow_schema()))
 

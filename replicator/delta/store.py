@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from replicator.errors import ConfigError
-from replicator.model.mirror import RecoveredMirror, RollbackOutcome
+from replicator.model.mirror import RecoveredMirror, RollbackOutcome, RollbackRequest
 from replicator.model.positions import FailoverLog, VbucketPosition
 from replicator.planning.planner import CommitBatch, without_vbucket
 
@@ -80,18 +80,20 @@ class DeltaMirrorStore:
 
     def commit(self, batch: CommitBatch, *, replace: frozenset[int]) -> int:
         """Commit a planned batch; vbuckets in `replace` (resyncs) replace all their rows."""
-        from replicator.delta.rollback import replace_vbucket
+        from replicator.delta.rollback import replace_vbuckets
 
+        resyncs = sorted(replace & set(batch.vbuckets))
         steady = batch
-        for vbucket in sorted(replace & set(batch.vbuckets)):
+        for vbucket in resyncs:
             steady = without_vbucket(steady, vbucket)
         if not steady.is_empty:
             self._executor.execute(dataclasses.replace(steady, batch_id=self.next_batch_id))
             self.next_batch_id += 1
-        for vbucket in sorted(replace & set(batch.vbuckets)):
-            replace_vbucket(
-                self._executor, batch.commit_for(vbucket), batch_id=self.next_batch_id,
-                reason=self._resync_reasons.pop(vbucket, "full resync"),
+        if resyncs:
+            replace_vbuckets(
+                self._executor, [batch.commit_for(vb) for vb in resyncs],
+                batch_id=self.next_batch_id,
+                reasons={vb: self._resync_reasons.pop(vb, "full resync") for vb in resyncs},
             )
             self.next_batch_id += 1
         if self._compactor is not None:
@@ -107,48 +109,70 @@ class DeltaMirrorStore:
             self._pruner.prune_if_due()
         return self.next_batch_id
 
-    def rollback(
-        self,
-        vbucket: int,
-        rollback_seqno: int,
-        *,
-        committed: VbucketPosition,
-        failover_log: FailoverLog | None,
-        reason: str,
-    ) -> RollbackOutcome:
-        from replicator.delta.checkpoints import with_queued
-        from replicator.delta.rollback import plan_rollback, rewind_horizon, rollback_vbucket
+    def rollback(self, requests: Sequence[RollbackRequest]) -> list[RollbackOutcome]:
+        """Roll the requests' vbuckets back, those that rewind in one commit (a failover's).
 
-        if failover_log is None:
-            raise ConfigError(f"vbucket {vbucket}: a rollback needs the producer's failover log")
-        if committed.seqno <= rollback_seqno and rollback_seqno > 0:
-            # Nothing committed above the rollback point: the mirror already stands there.
-            position = VbucketPosition.at_boundary(
-                vbucket, failover_log.entry_at(committed.seqno).vbucket_uuid, committed.seqno,
-                purge_seqno=committed.purge_seqno, manifest_uid=committed.manifest_uid,
-            )
-            return RollbackOutcome(vbucket, position, full_resync=False, table_version=None)
+        Outcomes in the order of `requests`.
+        """
+        from replicator.delta.checkpoints import with_queued
+        from replicator.delta.rollback import plan_rollback, rewind_horizon, rollback_vbuckets
+
+        outcomes: dict[int, RollbackOutcome] = {}
+        to_plan: list[RollbackRequest] = []
+        for request in requests:
+            vbucket, committed, history = request.vbucket, request.committed, request.failover_log
+            if history is None:
+                raise ConfigError(
+                    f"vbucket {vbucket}: a rollback needs the producer's failover log"
+                )
+            if committed.seqno <= request.rollback_seqno and request.rollback_seqno > 0:
+                # Nothing committed above the rollback point: the mirror already stands there.
+                position = VbucketPosition.at_boundary(
+                    vbucket, history.entry_at(committed.seqno).vbucket_uuid, committed.seqno,
+                    purge_seqno=committed.purge_seqno, manifest_uid=committed.manifest_uid,
+                )
+                outcomes[vbucket] = RollbackOutcome(vbucket, position, False, None)
+            else:
+                to_plan.append(request)
+        rewinding = [r.vbucket for r in to_plan if r.rollback_seqno > 0]
         # The queued checkpoints count without a checkpoints commit first (0.5 s of a rollback).
+        written = self._executor.checkpoints.for_vbuckets(rewinding) if rewinding else {}
         checkpoints = with_queued(
-            self._executor.checkpoints.for_vbucket(vbucket), self._executor.queued_commits, vbucket
+            (c for found in written.values() for c in found),
+            self._executor.queued_commits,
+            rewinding,
         )
-        plan = plan_rollback(checkpoints, vbucket, rollback_seqno, horizon=0)
-        if plan.boundary is not None:  # is the boundary it chose still readable?
-            horizon = rewind_horizon(self.mirror, plan.boundary)
-            plan = plan_rollback(checkpoints, vbucket, rollback_seqno, horizon)
-        outcome = rollback_vbucket(
-            self._executor, plan, batch_id=self.next_batch_id, failover_log=failover_log,
-            reason=reason,
+        plans = [
+            plan_rollback(checkpoints.get(r.vbucket, []), r.vbucket, r.rollback_seqno, horizon=0)
+            for r in to_plan
+        ]
+        boundaries = [plan.boundary for plan in plans if plan.boundary is not None]
+        if boundaries:  # are the boundaries chosen still readable? The oldest tells for all.
+            oldest = min(boundaries, key=lambda boundary: boundary.table_version)
+            horizon = rewind_horizon(self.mirror, oldest)
+            plans = [
+                plan_rollback(checkpoints[plan.vbucket], plan.vbucket, plan.rollback_seqno, horizon)
+                if plan.boundary is not None else plan
+                for plan in plans
+            ]
+        rewound = rollback_vbuckets(
+            self._executor, plans, batch_id=self.next_batch_id,
+            failover_logs={r.vbucket: r.failover_log for r in to_plan if r.failover_log},
+            reasons={r.vbucket: r.reason for r in to_plan},
         )
-        if outcome.commit is not None:
+        if any(outcome.commit is not None for outcome in rewound):
             self.next_batch_id += 1
-            return RollbackOutcome(
-                vbucket, outcome.position, full_resync=False,
-                table_version=outcome.commit.table_version,
-            )
-        self._resync_reasons[vbucket] = f"{reason}; {outcome.reason}"
-        log.warning("vbucket %d: %s", vbucket, self._resync_reasons[vbucket])
-        return RollbackOutcome(vbucket, outcome.position, full_resync=True, table_version=None)
+        for request, outcome in zip(to_plan, rewound, strict=True):
+            vbucket = request.vbucket
+            if outcome.commit is not None:
+                outcomes[vbucket] = RollbackOutcome(
+                    vbucket, outcome.position, False, outcome.commit.table_version
+                )
+                continue
+            self._resync_reasons[vbucket] = f"{request.reason}; {outcome.reason}"
+            log.warning("vbucket %d: %s", vbucket, self._resync_reasons[vbucket])
+            outcomes[vbucket] = RollbackOutcome(vbucket, outcome.position, True, None)
+        return [outcomes[request.vbucket] for request in requests]
 
     def heartbeat(self) -> None:
         """Renew the claim, and write the checkpoints queued since the last flush."""

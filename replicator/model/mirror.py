@@ -1,4 +1,4 @@
-"""What the driver and the mirror store hand each other: the recovered state, a rollback's end.
+"""What the driver and the mirror store hand each other: the recovered state, rollbacks.
 
 Here, in the shared vocabulary, because the driver (pipeline) declares the store it needs and
 the Delta layer implements it, and the Delta layer may not import the pipeline.
@@ -24,6 +24,21 @@ class RollbackOutcome:
     position: VbucketPosition
     full_resync: bool
     table_version: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class RollbackRequest:
+    """The producer asked `vbucket`, which stands at `committed`, to go back to `rollback_seqno`.
+
+    `failover_log` is the producer's log fetched after the answer; `reason` is recorded with
+    the rollback's commit.
+    """
+
+    vbucket: int
+    rollback_seqno: int
+    committed: VbucketPosition
+    failover_log: FailoverLog | None
+    reason: str
 
 
 @dataclass(frozen=True, slots=True)

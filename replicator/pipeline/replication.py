@@ -16,6 +16,10 @@ flight, so they never make this thread wait. Whatever else touches the store (a 
 resync, a stream that must resume from the committed boundary, the end of the run) first waits
 for the commit in flight and takes its outcome, so a rollback never races a commit and always
 sees the newest position.
+
+A failover rolls back every vbucket the lost node was active for, and their answers arrive
+together: rollbacks are gathered until a poll brings no new one (ROLLBACK_GATHER_S at most)
+and handed to the store at once, which rewinds them in one commit.
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ from replicator.dcp.protocol.events import (
     StreamOpened,
 )
 from replicator.errors import ConnectionLostError, ReplicatorError
-from replicator.model.mirror import RecoveredMirror, RollbackOutcome
+from replicator.model.mirror import RecoveredMirror, RollbackOutcome, RollbackRequest
 from replicator.model.positions import FailoverLog, VbucketPosition
 from replicator.pipeline.progress import ProgressReporter, ProgressSnapshot
 from replicator.pipeline.watchdog import SourceWatch, StreamWatchdog
@@ -61,6 +65,12 @@ log = logging.getLogger(__name__)
 
 ROLLBACK_STORM_LIMIT = 5
 """Rollbacks of one vbucket to the same seqno in a row before we resync it from 0 instead."""
+
+ROLLBACK_GATHER_S = 1.0
+"""Longest a rollback waits for the others of its failover, so that they share one commit."""
+
+ROLLBACK_GATHER_POLL_S = 0.05
+"""Poll timeout while rollbacks are gathered: a poll this long with no new one ends the wait."""
 
 COMMIT_WATCH_INTERVAL_S = 0.05
 """Longest poll while a commit is in flight: the next one is planned soon after it lands."""
@@ -84,15 +94,7 @@ class MirrorStore(Protocol):
 
     def commit(self, batch: CommitBatch, *, replace: frozenset[int]) -> int: ...
 
-    def rollback(
-        self,
-        vbucket: int,
-        rollback_seqno: int,
-        *,
-        committed: VbucketPosition,
-        failover_log: FailoverLog | None,
-        reason: str,
-    ) -> RollbackOutcome: ...
+    def rollback(self, requests: Sequence[RollbackRequest]) -> list[RollbackOutcome]: ...
 
     def heartbeat(self) -> None: ...
 
@@ -212,6 +214,9 @@ class Replication:
         self._clock = clock
         self._state: dict[int, VbucketProgress] = {}
         self._pending_logs: dict[int, FailoverLog] = {}
+        self._rollbacks_due: dict[int, tuple[int, str | None]] = {}
+        """vbucket -> (rollback seqno, reason) asked for and not yet carried out."""
+        self._gathering_since: float | None = None
         self._stored_logs: dict[int, FailoverLog] = {}
         """Per vbucket, the failover log the table is known to hold (recovered or saved)."""
         self._next_batch_id = 0
@@ -331,10 +336,12 @@ class Replication:
         landed, start the next commit if a threshold is reached."""
         self._reopen_due()
         batch = self._source.poll(timeout=poll_timeout)
+        asked = len(self._rollbacks_due)
         for event in batch.events:  # data messages stay columnar runs
             self._handle(event)
         self._staging.flush()
         self._source.acknowledge(batch)
+        self._roll_back_when_gathered(more_came=len(self._rollbacks_due) > asked)
         self._commit_if_due()
         self._report()
 
@@ -384,7 +391,7 @@ class Replication:
                 self._source.close_stream(event.vbucket)
         elif isinstance(event, RollbackRequired):
             state.streaming = False
-            self._rollback(state, event.rollback_seqno)
+            self._ask_rollback(state, event.rollback_seqno)
         elif isinstance(event, StreamEnd):
             if stream_end_action(event.reason) is EndAction.FINAL:
                 self._stream_ended(state, event)
@@ -492,14 +499,40 @@ class Replication:
 
     def _resync_lost_history(self, state: VbucketProgress) -> None:
         state.lost_history = False
-        self._rollback(state, 0, reason=LOST_HISTORY_REASON)
+        self._ask_rollback(state, 0, reason=LOST_HISTORY_REASON)
 
-    def _rollback(
+    def _ask_rollback(
         self, state: VbucketProgress, rollback_seqno: int, *, reason: str | None = None
     ) -> None:
-        vb = state.vbucket
-        self._finish_commit_in_flight()  # it may hold this vbucket: roll back what it commits
+        """Note a rollback to carry out with the others of its failover (see
+        `_roll_back_when_gathered`); until then the vbucket is neither committed nor caught up."""
         state.history_confirmed = False
+        self._rollbacks_due[state.vbucket] = (rollback_seqno, reason)
+
+    def _roll_back_when_gathered(self, *, more_came: bool) -> None:
+        """Carry out the rollbacks asked for, once a poll brought no new one or the oldest has
+        waited ROLLBACK_GATHER_S."""
+        if not self._rollbacks_due:
+            return
+        now = self._clock()
+        if self._gathering_since is None:
+            self._gathering_since = now
+        if more_came and now - self._gathering_since < ROLLBACK_GATHER_S:
+            return
+        due, self._rollbacks_due, self._gathering_since = self._rollbacks_due, {}, None
+        self._finish_commit_in_flight()  # it may hold these vbuckets: roll back what it commits
+        requests = [
+            self._rollback_request(self._state[vb], seqno, reason)
+            for vb, (seqno, reason) in sorted(due.items())
+        ]
+        outcomes = self._store.rollback(requests)
+        for request, outcome in zip(requests, outcomes, strict=True):
+            self._rolled_back(self._state[request.vbucket], request, outcome)
+
+    def _rollback_request(
+        self, state: VbucketProgress, rollback_seqno: int, reason: str | None
+    ) -> RollbackRequest:
+        vb = state.vbucket
         self.stats.rollbacks += 1
         state.rollbacks += 1
         if rollback_seqno == state.last_rollback_seqno:
@@ -512,16 +545,20 @@ class Replication:
             log.warning("vbucket %d: %d rollbacks to seqno %d in a row; resyncing it from 0",
                         vb, state.same_rollback_streak, rollback_seqno)
             rollback_seqno = 0
-        fresh_log = self._source.failover_log(vb)
-        outcome = self._store.rollback(
-            vb, rollback_seqno, committed=state.committed, failover_log=fresh_log,
-            reason="rollback storm" if storm else reason or "producer requested rollback",
+        return RollbackRequest(
+            vb, rollback_seqno, state.committed, self._source.failover_log(vb),
+            "rollback storm" if storm else reason or "producer requested rollback",
         )
+
+    def _rolled_back(
+        self, state: VbucketProgress, request: RollbackRequest, outcome: RollbackOutcome
+    ) -> None:
+        vb = state.vbucket
         log.info("vbucket %d: rollback to %d (%s); mirror now at seqno %d%s",
-                 vb, rollback_seqno, reason or "the producer asked", outcome.position.seqno,
+                 vb, request.rollback_seqno, request.reason, outcome.position.seqno,
                  " (full resync)" if outcome.full_resync else "")
         state.committed = outcome.position
-        state.failover_log = fresh_log
+        state.failover_log = request.failover_log
         if outcome.full_resync:
             self.stats.full_resyncs += 1
             state.resync = True
@@ -575,6 +612,8 @@ class Replication:
         if self._in_flight is not None:
             # Nothing is planned until it lands; look again soon after it does.
             return 0.0 if self._in_flight.future.done() else COMMIT_WATCH_INTERVAL_S
+        if self._rollbacks_due:
+            return ROLLBACK_GATHER_POLL_S
         due = seconds_until_due(
             self._staging.stager.ready_snapshots(), self._thresholds_now(), now=self._clock()
         )
@@ -589,6 +628,8 @@ class Replication:
             self._finish_commit_in_flight()
         stager = self._staging.stager
         ready = stager.ready_snapshots()
+        if self._rollbacks_due:  # what they staged is on a history about to be rewound
+            ready = {vb: runs for vb, runs in ready.items() if vb not in self._rollbacks_due}
         batch = plan_commit(
             ready,
             {vb: s.committed for vb, s in self._state.items()},

@@ -105,6 +105,44 @@ def test_a_crash_before_the_data_commit_leaves_rows_readers_skip_and_restarts_re
     assert history_rows(spark, mirror) == [(1, 2, 1, "upsert")]
 
 
+def test_a_failover_marks_each_of_its_vbuckets_in_one_append(
+    spark: Any, mirror: MirrorTable
+) -> None:
+    from delta.tables import DeltaTable
+    from pyspark.sql import functions as F
+
+    from replicator.model.positions import VbucketPosition
+
+    executor = executor_of(mirror)
+    executor.execute(batch(1,
+        vbucket_commit(5, [upsert(5, "f", 1)], seqno=1, first_load=True),
+        vbucket_commit(6, [upsert(6, "g", 1), upsert(6, "h", 2)], seqno=2, first_load=True),
+    ))  # fmt: skip
+    loaded = mirror.version()
+    executor.execute(batch(2,
+        vbucket_commit(5, [upsert(5, "f", 2)], seqno=2, first_load=False, previous_seqno=1),
+        vbucket_commit(6, [upsert(6, "g", 3)], seqno=3, first_load=False, previous_seqno=2),
+    ))  # fmt: skip
+    def history_version() -> int:
+        entry = DeltaTable.forPath(spark, mirror.layout.history).history(1).first()
+        assert entry is not None
+        return int(entry["version"])
+
+    before = history_version()
+    executor.replace_rows(
+        {5: VbucketPosition.at_boundary(5, 7, 1), 6: VbucketPosition.at_boundary(6, 7, 2)},
+        mirror.read(loaded), batch_id=3, kind="rollback", rewound_to={5: 1, 6: 2},
+    )  # fmt: skip
+    assert history_version() == before + 1  # one append for the failover
+    history = spark.read.format("delta").load(mirror.layout.history)
+    markers = history.where((F.col("op") == "rollback") & (F.col("vbucket").isin(5, 6)))
+    assert sorted((r["vbucket"], r["seqno"], r["batch_id"]) for r in markers.collect()) == [
+        (5, 1, 3), (6, 2, 3)
+    ]
+    rows = mirror.read().where("vbucket IN (5, 6)").select("vbucket", "key", "seqno")
+    assert sorted(map(tuple, rows.collect())) == [(5, "f", 1), (6, "g", 1), (6, "h", 2)]
+
+
 def test_a_rollback_is_marked_and_the_discarded_revisions_kept(
     spark: Any, mirror: MirrorTable, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -123,8 +161,8 @@ def test_a_rollback_is_marked_and_the_discarded_revisions_kept(
     )))  # fmt: skip
     old_rows = mirror.read(1).where("vbucket = 3")
     executor.replace_rows(
-        3, old_rows, VbucketPosition.at_boundary(3, 0xFEEDFACECAFEBEEF, 2), batch_id=3,
-        kind="rollback", history_marker=2,
+        {3: VbucketPosition.at_boundary(3, 0xFEEDFACECAFEBEEF, 2)}, old_rows, batch_id=3,
+        kind="rollback", rewound_to={3: 2},
     )  # fmt: skip
     executor.execute(batch(4, dataclasses.replace(
         vbucket_commit(3, [upsert(3, "r", 3, '{"again":1}')], seqno=3, first_load=False,

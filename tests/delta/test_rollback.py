@@ -24,6 +24,8 @@ from replicator.delta.rollback import (
 from replicator.delta.schema import MirrorConfig
 from replicator.delta.store import DeltaMirrorStore
 from replicator.delta.table import MirrorTable, open_or_create
+from replicator.inspect.commits import rollbacks
+from replicator.model.mirror import RollbackRequest
 from replicator.model.positions import FailoverLog, VbucketPosition
 from tests.delta.helpers import (
     UUID,
@@ -248,10 +250,9 @@ def test_a_run_rolls_back_from_checkpoints_still_queued_without_writing_them(
     assert len(executor.queued_commits) == 2
 
     rollback_log = FailoverLog.of([(NEW_UUID, 3), (UUID, 0)])
-    outcome = store.rollback(
-        3, 3, committed=VbucketPosition.at_boundary(3, UUID, 5), failover_log=rollback_log,
-        reason="failover",
-    )  # fmt: skip
+    [outcome] = store.rollback([RollbackRequest(
+        3, 3, VbucketPosition.at_boundary(3, UUID, 5), rollback_log, "failover",
+    )])  # fmt: skip
 
     assert not outcome.full_resync
     assert outcome.position == VbucketPosition.at_boundary(3, UUID, 2)
@@ -292,3 +293,83 @@ def test_an_old_boundary_is_checked_against_the_history_since_it_only(
     later = now + timedelta(days=8)
     assert rewind_horizon(mirror, old, now=later) == latest
     assert plan_rollback(checkpoints, 4, 2, rewind_horizon(mirror, old, now=later)).full_resync
+
+
+def test_a_failover_rolls_its_vbuckets_back_in_one_commit(spark: Any, tmp_path: Path) -> None:
+    # A failover answers the stream requests of every vbucket the lost node was active for with
+    # ROLLBACK, to different seqnos: those that rewind go back together, each to its own
+    # boundary (at different table versions), in one commit that says what happened to each.
+    path = tmp_path / "failover"
+    mirror = open_or_create(spark, str(path), MirrorConfig("travel", num_vbuckets=64))
+    owners = OwnersTable.of(mirror)
+    claim = owners.claim([3, 4, 5, 40, 41], "writer-of-failover")
+    executor = CommitExecutor(mirror, claim, owners, checkpoint_every=10)
+    store = DeltaMirrorStore(executor, owners, claim)
+    store.commit(batch(1,
+        vbucket_commit(3, [upsert(3, "a", 1), upsert(3, "b", 2)], seqno=2, first_load=True),
+        vbucket_commit(4, [upsert(4, "x", 1)], seqno=1, first_load=True),
+        vbucket_commit(5, [upsert(5, "p", 1)], seqno=1, first_load=True),
+        vbucket_commit(40, [upsert(40, "m", 1)], seqno=1, first_load=True),
+        vbucket_commit(41, [upsert(41, "k", 1)], seqno=1, first_load=True),
+    ), replace=frozenset())  # fmt: skip
+    first = mirror.version()
+    store.commit(batch(2,
+        vbucket_commit(3, [upsert(3, "a", 4, '"a4"'), upsert(3, "c", 5)], seqno=5,
+                       first_load=False, previous_seqno=2),
+        vbucket_commit(4, [delete(4, "x", 3), upsert(4, "y", 4)], seqno=4, first_load=False,
+                       previous_seqno=1),
+        vbucket_commit(40, [upsert(40, "m", 2, '"m2"')], seqno=2, first_load=False,
+                       previous_seqno=1),
+    ), replace=frozenset())  # fmt: skip
+    second = mirror.version()
+    store.commit(batch(3,
+        vbucket_commit(4, [upsert(4, "z", 6)], seqno=6, first_load=False, previous_seqno=4),
+        vbucket_commit(40, [upsert(40, "n", 3)], seqno=3, first_load=False, previous_seqno=2),
+    ), replace=frozenset())  # fmt: skip
+    before = mirror.version()
+    untouched = documents(mirror, [5, 41])
+    logs = {vb: FailoverLog.of([(NEW_UUID + vb, vb), (UUID, 0)]) for vb in (3, 4, 5, 40, 41)}
+
+    def request(vb: int, rollback_seqno: int, committed: int) -> RollbackRequest:
+        position = VbucketPosition.at_boundary(vb, UUID, committed)
+        return RollbackRequest(vb, rollback_seqno, position, logs[vb], f"failover of {vb}")
+
+    outcomes = store.rollback([
+        request(40, 2, 3), request(3, 3, 5), request(5, 7, 1), request(4, 5, 6),
+        request(41, 0, 1),
+    ])  # fmt: skip
+
+    # In the order asked: 40, 3 and 4 rewound by one commit, 5 already there, 41 to resync.
+    assert [(o.vbucket, o.position.seqno, o.full_resync) for o in outcomes] == [
+        (40, 2, False), (3, 2, False), (5, 1, False), (4, 4, False), (41, 0, True)
+    ]
+    assert mirror.version() == before + 1 and store.next_batch_id == 5
+    assert {o.table_version for o in outcomes if o.vbucket in (3, 4, 40)} == {before + 1}
+    assert documents(mirror, [3]) == documents(mirror, [3], version=first)
+    assert documents(mirror, [4, 40]) == documents(mirror, [4, 40], version=second)
+    assert documents(mirror, [5, 41]) == untouched
+    # The audit reads one record per vbucket from the commit.
+    records = [r for r in rollbacks(spark, str(path)) if r.table_version == before + 1]
+    assert [(r.vbucket, r.from_seqno, r.to_seqno, r.rollback_seqno, r.from_table_version,
+             r.reason) for r in records] == [
+        (3, 5, 2, 3, first, "failover of 3"), (4, 6, 4, 5, second, "failover of 4"),
+        (40, 3, 2, 2, second, "failover of 40"),
+    ]  # fmt: skip
+    assert {r.vbucket: r.failover_log for r in records} == {vb: logs[vb] for vb in (3, 4, 40)}
+    # Only files that held the three vbuckets' rows were touched, and no row was copied.
+    entry = mirror.delta().history(1).first()
+    assert entry is not None and entry["operation"] == "MERGE"
+    assert int(entry["operationMetrics"]["numTargetRowsCopied"]) == 0
+    log = path / "_delta_log" / f"{before + 1:020d}.json"
+    removed = [json.loads(line)["remove"]["path"] for line in log.read_text().splitlines()
+               if "remove" in json.loads(line)]
+    held = mirror.read(before).where("vbucket IN (3, 4, 40)").inputFiles()
+    assert removed and all(any(f.endswith(name) for f in held) for name in removed)
+    # Each carried log and each rollback checkpoint is written with the next flush.
+    executor.flush_checkpoints()
+    assert FailoverLogsTable.of(mirror).load([3, 4, 40]) == {vb: logs[vb] for vb in (3, 4, 40)}
+    latest = CheckpointsTable.of(mirror).latest([3, 4, 5, 40])
+    assert {vb: (c.kind, c.seqno) for vb, c in latest.items()} == {
+        3: ("rollback", 2), 4: ("rollback", 4), 5: ("commit", 1), 40: ("rollback", 2)
+    }
+    owners.release(claim)

@@ -104,8 +104,11 @@ def test_queued_commits_count_as_checkpoints_of_their_vbuckets() -> None:
     queued = [
         queued_commit(4, {5: 30}), queued_commit(7, {5: 50, 6: 60}), queued_commit(8, {6: 61}),
     ]  # fmt: skip
-    merged = with_queued(HISTORY, queued, 5)
+    merged = with_queued(HISTORY, queued, {5})[5]
     assert [(c.table_version, c.seqno) for c in merged] == [(1, 10), (3, 20), (4, 30), (7, 50)]
+    both = with_queued(HISTORY, queued, {5, 6})  # a failover's vbuckets, in one pass
+    assert both[5] == merged
+    assert [(c.table_version, c.seqno) for c in both[6]] == [(6, 45), (7, 60), (8, 61)]
     # So a rollback to 55 rewinds to the queued boundary, not to the newest written one.
     plan = plan_rollback(merged, 5, 55, horizon=0)
     assert plan.boundary is not None and plan.boundary.table_version == 7
@@ -114,7 +117,7 @@ def test_queued_commits_count_as_checkpoints_of_their_vbuckets() -> None:
 
 def test_a_queued_rollback_cuts_the_boundaries_above_it() -> None:
     queued = [queued_commit(7, {5: 15}, kind=ROLLBACK)]
-    merged = with_queued(HISTORY, queued, 5)
+    merged = with_queued(HISTORY, queued, {5})[5]
     assert [c.seqno for c in live_boundaries(merged, 5)] == [10, 15]
 
 

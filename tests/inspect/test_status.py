@@ -341,8 +341,8 @@ def test_status_reads_positions_rollbacks_and_uncheckpointed_commits(
         0, [upsert(0, "c", 5)], seqno=5, first_load=False, previous_seqno=2,
     )))
     executor.replace_rows(
-        0, mirror.read(loaded.commits[0].table_version), VbucketPosition.at_boundary(0, UUID, 2),
-        batch_id=3, kind=ROLLBACK,
+        {0: VbucketPosition.at_boundary(0, UUID, 2)}, mirror.read(loaded.commits[0].table_version),
+        batch_id=3, kind=ROLLBACK, rewound_to={0: 2},
         details={"from_seqno": 5, "to_seqno": 2, "reason": "producer requested rollback"},
     )
     crash_after_data["on"] = True

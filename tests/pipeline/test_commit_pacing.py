@@ -11,7 +11,7 @@ when it returns.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -19,7 +19,7 @@ from replicator.config import ReplicatorConfig, Secret
 from replicator.dcp.cluster.batch import EventBatch
 from replicator.dcp.cluster.client import DcpClient
 from replicator.dcp.protocol.events import StreamEnd, StreamEndReason
-from replicator.model.mirror import RecoveredMirror, RollbackOutcome
+from replicator.model.mirror import RecoveredMirror, RollbackOutcome, RollbackRequest
 from replicator.model.positions import FailoverLog, VbucketPosition
 from replicator.pipeline.replication import Replication
 from replicator.planning.planner import CommitBatch, CommitThresholds, CommitTrigger
@@ -55,10 +55,7 @@ class RecordingStore:
         self.batches.append(batch)
         return len(self.batches)
 
-    def rollback(
-        self, vbucket: int, rollback_seqno: int, *, committed: VbucketPosition,
-        failover_log: FailoverLog | None, reason: str,
-    ) -> RollbackOutcome:
+    def rollback(self, requests: Sequence[RollbackRequest]) -> list[RollbackOutcome]:
         raise AssertionError("no rollback expected")
 
     def heartbeat(self) -> None:
@@ -181,16 +178,38 @@ def test_a_run_with_targets_commits_once_every_target_is_staged_not_before(
         assert {vb: p.seqno for vb, p in store.batches[0].positions.items()} == targets
 
 
-class InFlightStore(RecordingStore):
+class RollbackRecordingStore(RecordingStore):
+    """Also records the rollbacks it is asked for, and rewinds each to its rollback seqno."""
+
+    def __init__(self, clock: ManualClock) -> None:
+        super().__init__(clock)
+        self.rollbacks: list[tuple[int, int, int]] = []
+        """(vbucket, rollback seqno, committed seqno the driver rolled back from)."""
+        self.rollback_calls: list[int] = []
+        """How many vbuckets each call to `rollback` handed over."""
+
+    def rollback(self, requests: Sequence[RollbackRequest]) -> list[RollbackOutcome]:
+        self.rollback_calls.append(len(requests))
+        outcomes = []
+        for request in requests:
+            assert request.failover_log is not None
+            vbucket, seqno = request.vbucket, request.rollback_seqno
+            self.rollbacks.append((vbucket, seqno, request.committed.seqno))
+            position = VbucketPosition.at_boundary(
+                vbucket, request.failover_log.newest.vbucket_uuid, seqno
+            )
+            outcomes.append(RollbackOutcome(vbucket, position, False, None))
+        return outcomes
+
+
+class InFlightStore(RollbackRecordingStore):
     """Holds its first commit until the replication thread has been handed the StreamEnd of a
-    failover, so that the StreamEnd arrives while that commit is in flight; records rollbacks."""
+    failover, so that the StreamEnd arrives while that commit is in flight."""
 
     def __init__(self, clock: ManualClock) -> None:
         super().__init__(clock)
         self.commit_started = threading.Event()
         self.stream_ended = threading.Event()
-        self.rollbacks: list[tuple[int, int, int]] = []
-        """(vbucket, rollback seqno, committed seqno the driver rolled back from)."""
 
     def commit(self, batch: CommitBatch, *, replace: frozenset[int]) -> int:
         if not self.batches:
@@ -198,17 +217,6 @@ class InFlightStore(RecordingStore):
             if not self.stream_ended.wait(timeout=30):
                 raise AssertionError("the failover's StreamEnd never reached the driver")
         return super().commit(batch, replace=replace)
-
-    def rollback(
-        self, vbucket: int, rollback_seqno: int, *, committed: VbucketPosition,
-        failover_log: FailoverLog | None, reason: str,
-    ) -> RollbackOutcome:
-        assert failover_log is not None
-        self.rollbacks.append((vbucket, rollback_seqno, committed.seqno))
-        position = VbucketPosition.at_boundary(
-            vbucket, failover_log.newest.vbucket_uuid, rollback_seqno
-        )
-        return RollbackOutcome(vbucket, position, full_resync=False, table_version=None)
 
 
 def test_staging_goes_on_during_a_commit_and_a_stream_resumes_after_what_it_commits(
@@ -254,3 +262,47 @@ def test_staging_goes_on_during_a_commit_and_a_stream_resumes_after_what_it_comm
         assert replication.stats.commits == 1
         assert store.rollbacks == [(0, 4, 5)]
         assert replication.positions()[0].seqno == 4
+
+
+def test_the_rollbacks_of_one_failover_reach_the_store_together(tmp_path: Path) -> None:
+    # An unclean restart of node 1 makes each of its vbuckets lose its last 2 of 3 items: their
+    # stream requests are all answered ROLLBACK, and the store gets them in one call (one
+    # commit), not one call per vbucket, even when they come one poll at a time.
+    bucket = SimBucket("failover", num_vbuckets=8, seed=4)
+    for vbucket in range(8):
+        for key in bucket.keys_in_vbucket(vbucket, 3, f"first-{vbucket}"):
+            bucket.upsert(key, {"vb": vbucket})
+    clock = ManualClock(1000.0)  # never past the longest wait: only a quiet poll ends it
+    store = RollbackRecordingStore(clock)
+    with SimCluster(bucket, nodes=2) as cluster, replication_over(
+        cluster, tmp_path, store, clock, vbuckets=tuple(range(8))
+    ) as (replication, stager, source):
+        poll = source.poll
+
+        def one_event_at_a_time(
+            timeout: float = 1.0, *, max_events: int | None = None
+        ) -> EventBatch:
+            return poll(timeout, max_events=1)
+
+        source.poll = one_event_at_a_time  # type: ignore[method-assign]
+        for vbucket in range(8):
+            step_until(replication, stager, 3, vbucket=vbucket)
+        clock.now += DELAY_S
+        replication.step(poll_timeout=0.0)
+        assert [sorted(b.positions) for b in store.batches] == [list(range(8))]
+        hit = cluster.node_vbuckets(1)
+        assert len(hit) > 1
+
+        cluster.restart_node(1, lose_last=2)
+        for _ in range(400):
+            if store.rollbacks:
+                break
+            replication.step(poll_timeout=0.05)
+
+        assert store.rollback_calls == [len(hit)]
+        assert sorted(store.rollbacks) == [(vb, 1, 3) for vb in sorted(hit)]
+        assert {vb: replication.positions()[vb].seqno for vb in hit} == dict.fromkeys(hit, 1)
+        # The streams reopen from there, on the new history: no second rollback.
+        bucket.upsert(bucket.keys_in_vbucket(hit[0], 1, "after")[0], {"vb": hit[0]})
+        step_until(replication, stager, 2, vbucket=hit[0])
+        assert store.rollback_calls == [len(hit)]
