@@ -4,9 +4,9 @@ When the producer answers a stream request with ROLLBACK to r, the vbucket goes 
 newest committed boundary b <= r: its rows are made those of the table version at which it
 stood at b (time travel), in one commit that MERGEs only the difference, touching only files
 that hold the vbucket's rows (deletion vectors, no rows copied). The vbuckets of one failover
-go back together, in one commit. When there is no such
-boundary (r == 0, nothing committed at or below r, or the version is past the time-travel
-horizon) the answer is a full resync: stream the vbucket from 0 and `replace_vbuckets`.
+go back together, in one commit. When there is no such boundary (r == 0, nothing committed at
+or below r, or the version is past the time-travel horizon) the answer is a full resync:
+stream the vbucket from 0 and `replace_vbuckets`.
 """
 
 from __future__ import annotations
