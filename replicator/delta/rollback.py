@@ -196,60 +196,64 @@ def rollback_vbuckets(
     gets a full-resync outcome and is left out of the commit. Outcomes in the order of `plans`.
     """
     outcomes: dict[int, RollbackOutcome] = {}
-    by_version: dict[int, list[RollbackPlan]] = {}
+    by_version: dict[int, list[tuple[RollbackPlan, Checkpoint]]] = {}
     for plan in plans:
         if plan.boundary is None:
             outcomes[plan.vbucket] = RollbackOutcome(
                 plan.vbucket, VbucketPosition.beginning(plan.vbucket), None, plan.reason
             )
         else:
-            by_version.setdefault(plan.boundary.table_version, []).append(plan)
+            by_version.setdefault(plan.boundary.table_version, []).append((plan, plan.boundary))
     mirror = executor.mirror
-    rewinds: list[RollbackPlan] = []
+    rewinds: list[tuple[RollbackPlan, Checkpoint]] = []
     frames: list[DataFrame] = []
     for version, group in sorted(by_version.items()):
         try:
             old_rows = mirror.read(version).where(
-                mirror.data_layout.predicate([plan.vbucket for plan in group])
+                mirror.data_layout.predicate([plan.vbucket for plan, _ in group])
             )
             missing = [f for f in old_rows.inputFiles() if not path_exists(mirror.spark, f)]
         except Exception as exc:
             if not is_unreadable_version(exc):
                 raise
-            outcomes.update(_resync_needed(plan, engine_error_summary(exc)) for plan in group)
+            why = engine_error_summary(exc)
+            outcomes.update(_resync_needed(plan, boundary, why) for plan, boundary in group)
             continue
         if missing:
             why = f"{len(missing)} of its data files were vacuumed"
-            outcomes.update(_resync_needed(plan, why) for plan in group)
+            outcomes.update(_resync_needed(plan, boundary, why) for plan, boundary in group)
             continue
         frames.append(old_rows)
         rewinds.extend(group)
     if rewinds:
-        positions = {plan.vbucket: _rewound_position(plan, failover_logs) for plan in rewinds}
+        positions = {
+            plan.vbucket: _rewound_position(plan.vbucket, boundary, failover_logs[plan.vbucket])
+            for plan, boundary in rewinds
+        }
         details = rollback_details([
             {
                 "vbucket": plan.vbucket,
                 "from_seqno": plan.from_seqno,
-                "to_seqno": plan.to_seqno,
+                "to_seqno": boundary.seqno,
                 "rollback_seqno": plan.rollback_seqno,
-                "from_table_version": plan.boundary.table_version,
+                "from_table_version": boundary.table_version,
                 "failover_log": [list(pair) for pair in failover_logs[plan.vbucket].as_pairs()],
                 "reason": reasons[plan.vbucket],
             }
-            for plan in rewinds
-            if plan.boundary is not None
+            for plan, boundary in rewinds
         ])
         try:
             commit = executor.replace_rows(
                 positions, union_frames(frames), batch_id=batch_id, kind=ROLLBACK,
-                rewound_to={plan.vbucket: plan.to_seqno for plan in rewinds}, details=details,
+                rewound_to={plan.vbucket: boundary.seqno for plan, boundary in rewinds},
+                details=details,
             )
         except CommitFailed as exc:
             if not is_unreadable_version(exc):
                 raise
-            outcomes.update(_resync_needed(plan, str(exc)) for plan in rewinds)
+            outcomes.update(_resync_needed(plan, boundary, str(exc)) for plan, boundary in rewinds)
         else:
-            for plan in rewinds:
+            for plan, _ in rewinds:
                 outcomes[plan.vbucket] = RollbackOutcome(
                     plan.vbucket, positions[plan.vbucket], commit, plan.reason
                 )
@@ -273,14 +277,12 @@ def rollback_vbucket(
 
 
 def _rewound_position(
-    plan: RollbackPlan, failover_logs: Mapping[int, FailoverLog]
+    vbucket: int, boundary: Checkpoint, failover_log: FailoverLog
 ) -> VbucketPosition:
-    """Where `plan`'s vbucket stands once rewound: its boundary, on the producer's history."""
-    boundary = plan.boundary
-    assert boundary is not None
+    """Where `vbucket` stands once rewound: its boundary, on the producer's history."""
     return VbucketPosition.at_boundary(
-        plan.vbucket,
-        failover_logs[plan.vbucket].entry_at(boundary.seqno).vbucket_uuid,
+        vbucket,
+        failover_log.entry_at(boundary.seqno).vbucket_uuid,
         boundary.seqno,
         purge_seqno=boundary.position.purge_seqno,
         manifest_uid=boundary.position.manifest_uid,
@@ -330,9 +332,9 @@ def replace_vbucket(
     )
 
 
-def _resync_needed(plan: RollbackPlan, why: str) -> tuple[int, RollbackOutcome]:
-    boundary = plan.boundary
-    assert boundary is not None
+def _resync_needed(
+    plan: RollbackPlan, boundary: Checkpoint, why: str
+) -> tuple[int, RollbackOutcome]:
     reason = (
         f"table version {boundary.table_version} (vbucket {plan.vbucket} at seqno "
         f"{boundary.seqno}) can no longer be read: {why}; stream the vbucket again from 0"
