@@ -12,9 +12,11 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from replicator.delta.schema import CHANGE_SCHEMA
+from replicator.delta.schema import CHANGE_SCHEMA, DATA_COLUMNS, DATA_SCHEMA, in_list
 from replicator.planning.planner import VbucketCommit, deduplicate_changes
+from replicator.planning.replacement import METADATA_COLUMNS, replacement_rows
 from replicator.staging.rows import CHANGE_SCHEMA as ARROW_CHANGE_SCHEMA
 from replicator.staging.rows import DELETE, UPSERT
 
@@ -115,6 +117,37 @@ def union_frames(frames: Sequence[DataFrame]) -> DataFrame:
     for frame in frames[1:]:
         result = result.unionByName(frame)
     return result
+
+
+REPLACE_ON_DRIVER_ROWS = 20_000
+"""At most this many rows on each side of a REPLACE are brought to the driver to plan it there
+(`replacement_rows`): the old rows whole, the current ones without their bodies. A vbucket of
+a 20,000,000-document bucket fits; a larger one is planned by Spark (`replacement_changes`)."""
+
+
+def rows_on_driver(frame: DataFrame, columns: Sequence[str], limit: int) -> pa.Table | None:
+    """`frame`'s `columns` as one Arrow table, or None when it holds more than `limit` rows."""
+    table = frame.select(*columns).limit(limit + 1).toArrow()
+    return None if table.num_rows > limit else table
+
+
+def replacement_source(
+    mirror: MirrorTable, wanted: DataFrame | pa.Table, vbuckets: Sequence[int]
+) -> DataFrame:
+    """The change rows that make `wanted`'s rows of `vbuckets` all their rows in `mirror`.
+
+    Planned on the driver (`replacement_rows`) when `wanted` is there already and the stored
+    rows are few enough, otherwise by Spark.
+    """
+    current = mirror.read().where(mirror.data_layout.predicate(vbuckets))
+    if isinstance(wanted, pa.Table):
+        wanted = wanted.filter(pc.is_in(wanted["vbucket"], pa.array(vbuckets, pa.int32())))
+        stored = rows_on_driver(current, METADATA_COLUMNS, REPLACE_ON_DRIVER_ROWS)
+        if stored is not None:
+            return arrow_frame(mirror.spark, replacement_rows(stored, wanted))
+        wanted = mirror.spark.createDataFrame(wanted.select(list(DATA_COLUMNS)), DATA_SCHEMA)
+    chosen = wanted.where(in_list("vbucket", vbuckets)).select(*DATA_COLUMNS)
+    return replacement_changes(current, chosen)
 
 
 def replacement_changes(current: DataFrame, wanted: DataFrame) -> DataFrame:

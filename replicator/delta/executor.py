@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 from replicator.delta.changes import (
     change_rows,
     dropped_collection_rows,
-    replacement_changes,
+    replacement_source,
     union_frames,
 )
 from replicator.delta.checkpoints import CheckpointsTable
@@ -48,7 +48,7 @@ from replicator.delta.conflicts import (
 )
 from replicator.delta.failover_logs import FailoverLogsTable, carried_failover_logs
 from replicator.delta.ownership import OwnerClaim, OwnersTable
-from replicator.delta.schema import DATA_COLUMNS, in_list
+from replicator.delta.schema import DATA_COLUMNS
 from replicator.delta.table import (
     SESSION_WRITE_LOCK,
     CommitRecord,
@@ -68,6 +68,7 @@ from replicator.planning.planner import CommitBatch, VbucketCommit, history_revi
 from replicator.staging.rows import DELETE, UPSERT
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import Column, DataFrame, SparkSession
 
     from replicator.delta.history import HistoryTable
@@ -215,7 +216,7 @@ class CommitExecutor:
     def replace_rows(
         self,
         positions: Mapping[int, VbucketPosition],
-        rows: DataFrame,
+        rows: DataFrame | pa.Table,
         *,
         batch_id: int,
         kind: str,
@@ -225,21 +226,19 @@ class CommitExecutor:
     ) -> DataCommit:
         """REPLACE strategy: make `rows` (data columns) all the rows of `positions`' vbuckets.
 
-        One commit, for rollbacks (rows of older versions; a failover's vbuckets together) and
-        a full resync (a complete stream from 0: keys not in `rows` disappear). Only the
-        difference is written: rows that changed, and deletes of rows `rows` lacks, MERGEd like
-        any batch. With a history table, rollback markers (each vbucket of `rewound_to` goes
-        back to its seqno) and the history revisions of `revised` are appended first.
+        One commit, for rollbacks (rows of older versions, already on the driver when few; a
+        failover's vbuckets together) and a full resync (a complete stream from 0: keys not in
+        `rows` disappear). Only the difference is MERGEd (`replacement_source`). With a history
+        table, rollback markers (each vbucket of `rewound_to` goes back to its seqno) and the
+        history revisions of `revised` are appended first.
         """
         vbuckets = sorted(positions)
         if not vbuckets or any(p.vbucket != vb for vb, p in positions.items()):
             raise ValueError(f"positions must name their own vbuckets, got {positions}")
         self._check_claimed(vbuckets, f"{kind} of vbuckets {vbuckets}")
-        wanted = rows.where(in_list("vbucket", vbuckets)).select(*DATA_COLUMNS)
 
         def write(metadata: CommitMetadata) -> None:
-            current = self.mirror.read().where(self.mirror.data_layout.predicate(vbuckets))
-            self._merge_source(replacement_changes(current, wanted), vbuckets, metadata)
+            self._merge_source(replacement_source(self.mirror, rows, vbuckets), vbuckets, metadata)
 
         return self._commit(
             batch_id, 0, kind, WriteStrategy.REPLACE, positions, write, details=details,

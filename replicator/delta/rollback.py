@@ -16,12 +16,15 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
-from replicator.delta.changes import union_frames
+import pyarrow as pa
+
+from replicator.delta import changes
+from replicator.delta.changes import rows_on_driver, union_frames
 from replicator.delta.checkpoints import Checkpoint
 from replicator.delta.commit_metadata import RESYNC, ROLLBACK, rollback_details
 from replicator.delta.executor import CommitExecutor, CommitFailed, DataCommit
 from replicator.delta.failover_logs import FailoverLogsTable
-from replicator.delta.schema import DATA_COLUMNS, MirrorConfig
+from replicator.delta.schema import DATA_COLUMNS, DATA_SCHEMA, MirrorConfig
 from replicator.delta.table import (
     MirrorTable,
     engine_error_summary,
@@ -206,13 +209,19 @@ def rollback_vbuckets(
             by_version.setdefault(plan.boundary.table_version, []).append((plan, plan.boundary))
     mirror = executor.mirror
     rewinds: list[tuple[RollbackPlan, Checkpoint]] = []
+    tables: list[pa.Table] = []
     frames: list[DataFrame] = []
+    room = changes.REPLACE_ON_DRIVER_ROWS
     for version, group in sorted(by_version.items()):
         try:
             old_rows = mirror.read(version).where(
                 mirror.data_layout.predicate([plan.vbucket for plan, _ in group])
             )
-            missing = [f for f in old_rows.inputFiles() if not path_exists(mirror.spark, f)]
+            # Few rows come to the driver, and reading them shows the files are still there.
+            table = rows_on_driver(old_rows, DATA_COLUMNS, room) if room > 0 else None
+            missing = []
+            if table is None:
+                missing = [f for f in old_rows.inputFiles() if not path_exists(mirror.spark, f)]
         except Exception as exc:
             if not is_unreadable_version(exc):
                 raise
@@ -223,7 +232,11 @@ def rollback_vbuckets(
             why = f"{len(missing)} of its data files were vacuumed"
             outcomes.update(_resync_needed(plan, boundary, why) for plan, boundary in group)
             continue
-        frames.append(old_rows)
+        if table is None:
+            frames.append(old_rows.select(*DATA_COLUMNS))
+        else:
+            tables.append(table)
+            room -= table.num_rows
         rewinds.extend(group)
     if rewinds:
         positions = {
@@ -244,7 +257,7 @@ def rollback_vbuckets(
         ])
         try:
             commit = executor.replace_rows(
-                positions, union_frames(frames), batch_id=batch_id, kind=ROLLBACK,
+                positions, _old_rows(mirror, tables, frames), batch_id=batch_id, kind=ROLLBACK,
                 rewound_to={plan.vbucket: boundary.seqno for plan, boundary in rewinds},
                 details=details,
             )
@@ -274,6 +287,18 @@ def rollback_vbucket(
         reasons={plan.vbucket: reason},
     )
     return outcome
+
+
+def _old_rows(
+    mirror: MirrorTable, tables: Sequence[pa.Table], frames: Sequence[DataFrame]
+) -> pa.Table | DataFrame:
+    """The boundary versions' rows: on the driver when all fitted, else one Spark frame."""
+    if not frames:
+        return pa.concat_tables(tables)
+    if tables:
+        arrived = pa.concat_tables(tables).select(list(DATA_COLUMNS))
+        frames = [*frames, mirror.spark.createDataFrame(arrived, DATA_SCHEMA)]
+    return union_frames(frames)
 
 
 def _rewound_position(

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from chispa import assert_df_equality
 
+from replicator.delta import changes
 from replicator.delta.checkpoints import CheckpointsTable
 from replicator.delta.executor import CommitExecutor, WriteStrategy
 from replicator.delta.failover_logs import FailoverLogsTable
@@ -295,10 +296,17 @@ def test_an_old_boundary_is_checked_against_the_history_since_it_only(
     assert plan_rollback(checkpoints, 4, 2, rewind_horizon(mirror, old, now=later)).full_resync
 
 
-def test_a_failover_rolls_its_vbuckets_back_in_one_commit(spark: Any, tmp_path: Path) -> None:
+# How many rows a REPLACE may plan on the driver: all of them here (the default); the old rows
+# but not the 7 current ones; the first boundary version's 2 old rows but not the second's.
+@pytest.mark.parametrize("driver_rows", [None, 4, 2], ids=["driver", "old", "mixed"])
+def test_a_failover_rolls_its_vbuckets_back_in_one_commit(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, driver_rows: int | None
+) -> None:
     # A failover answers the stream requests of every vbucket the lost node was active for with
     # ROLLBACK, to different seqnos: those that rewind go back together, each to its own
     # boundary (at different table versions), in one commit that says what happened to each.
+    if driver_rows is not None:
+        monkeypatch.setattr(changes, "REPLACE_ON_DRIVER_ROWS", driver_rows)
     path = tmp_path / "failover"
     mirror = open_or_create(spark, str(path), MirrorConfig("travel", num_vbuckets=64))
     owners = OwnersTable.of(mirror)
