@@ -217,11 +217,12 @@ def rollback_vbuckets(
             old_rows = mirror.read(version).where(
                 mirror.data_layout.predicate([plan.vbucket for plan, _ in group])
             )
-            # Few rows come to the driver, and reading them shows the files are still there.
-            table = rows_on_driver(old_rows, DATA_COLUMNS, room) if room > 0 else None
-            missing = []
-            if table is None:
-                missing = [f for f in old_rows.inputFiles() if not path_exists(mirror.spark, f)]
+            # Checked before reading: a failed read would put the engine's stack traces on the
+            # operator's terminal.
+            missing = [f for f in old_rows.inputFiles() if not path_exists(mirror.spark, f)]
+            table = None
+            if not missing and room > 0:
+                table = rows_on_driver(old_rows, DATA_COLUMNS, room)
         except Exception as exc:
             if not is_unreadable_version(exc):
                 raise
