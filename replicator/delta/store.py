@@ -136,7 +136,7 @@ class DeltaMirrorStore:
                 to_plan.append(request)
         rewinding = [r.vbucket for r in to_plan if r.rollback_seqno > 0]
         # The queued checkpoints count without a checkpoints commit first (0.5 s of a rollback).
-        written = self._executor.checkpoints.for_vbuckets(rewinding) if rewinding else {}
+        written = self._executor.checkpoints.for_vbuckets(rewinding)
         checkpoints = with_queued(
             (c for found in written.values() for c in found),
             self._executor.queued_commits,
