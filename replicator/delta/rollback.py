@@ -297,8 +297,8 @@ def _old_rows(
     if not frames:
         return pa.concat_tables(tables)
     if tables:
-        arrived = pa.concat_tables(tables).select(list(DATA_COLUMNS))
-        frames = [*frames, mirror.spark.createDataFrame(arrived, DATA_SCHEMA)]
+        arrived = mirror.spark.createDataFrame(pa.concat_tables(tables), DATA_SCHEMA)
+        frames = [*frames, arrived]
     return union_frames(frames)
 
 

@@ -19,7 +19,7 @@ DOCUMENT = ("vbucket", "collection_id", "key")
 """What names one document of the mirror."""
 
 BODY_COLUMNS = ("doc", "value", "xattrs")
-"""What a delete row does not need: `stored_metadata` leaves them out."""
+"""What a delete row does not need: METADATA_COLUMNS leave them out."""
 
 DATA_FIELDS = tuple(field for field in CHANGE_SCHEMA if field.name != "op")
 """The mirror's data columns, as Arrow fields (CHANGE_SCHEMA without `op`)."""
