@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 
 from replicator.delta.schema import CHANGE_SCHEMA, DATA_COLUMNS, DATA_SCHEMA, in_list
 from replicator.planning.planner import VbucketCommit, deduplicate_changes
-from replicator.planning.replacement import METADATA_COLUMNS, replacement_rows
+from replicator.planning.replacement import DOCUMENT, METADATA_COLUMNS, replacement_rows
 from replicator.staging.rows import CHANGE_SCHEMA as ARROW_CHANGE_SCHEMA
 from replicator.staging.rows import DELETE, UPSERT
 
@@ -158,7 +158,7 @@ def replacement_changes(current: DataFrame, wanted: DataFrame) -> DataFrame:
     """
     from pyspark.sql import functions as F
 
-    document = ["vbucket", "collection_id", "key"]
+    document = list(DOCUMENT)
     stored = current.select(
         *document, F.col("seqno").alias("_seqno"), F.col("cas").alias("_cas")
     )

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 
 from replicator.delta import changes
-from replicator.delta.changes import rows_on_driver, union_frames
+from replicator.delta.changes import union_frames
 from replicator.delta.checkpoints import Checkpoint
 from replicator.delta.commit_metadata import RESYNC, ROLLBACK, rollback_details
 from replicator.delta.executor import CommitExecutor, CommitFailed, DataCommit
@@ -222,7 +222,7 @@ def rollback_vbuckets(
             missing = [f for f in old_rows.inputFiles() if not path_exists(mirror.spark, f)]
             table = None
             if not missing and room > 0:
-                table = rows_on_driver(old_rows, DATA_COLUMNS, room)
+                table = changes.rows_on_driver(old_rows, DATA_COLUMNS, room)
         except Exception as exc:
             if not is_unreadable_version(exc):
                 raise
