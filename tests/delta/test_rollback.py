@@ -296,17 +296,33 @@ def test_an_old_boundary_is_checked_against_the_history_since_it_only(
     assert plan_rollback(checkpoints, 4, 2, rewind_horizon(mirror, old, now=later)).full_resync
 
 
-# How many rows a REPLACE may plan on the driver: all of them here (the default); the old rows
-# but not the 7 current ones; the first boundary version's 2 old rows but not the second's.
-@pytest.mark.parametrize("driver_rows", [None, 4, 2], ids=["driver", "old", "mixed"])
+# How many rows a REPLACE may plan on the driver, and what the driver then reads (rows of each
+# read, None where they did not fit): everything (the default): both boundary versions' 2 old
+# rows and the 7 current ones; the old rows but not the current ones; the first version's rows,
+# after which nothing is left for the second's, so Spark plans it all.
+@pytest.mark.parametrize(
+    ("driver_rows", "driver_reads"),
+    [(None, [2, 2, 7]), (4, [2, 2, None]), (2, [2])],
+    ids=["driver", "old", "mixed"],
+)
 def test_a_failover_rolls_its_vbuckets_back_in_one_commit(
-    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, driver_rows: int | None
-) -> None:
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, driver_rows: int | None,
+    driver_reads: list[int | None],
+) -> None:  # fmt: skip
     # A failover answers the stream requests of every vbucket the lost node was active for with
     # ROLLBACK, to different seqnos: those that rewind go back together, each to its own
     # boundary (at different table versions), in one commit that says what happened to each.
     if driver_rows is not None:
         monkeypatch.setattr(changes, "REPLACE_ON_DRIVER_ROWS", driver_rows)
+    reads: list[int | None] = []
+    read_rows = changes.rows_on_driver
+
+    def recorded(frame: Any, columns: Any, limit: int) -> Any:
+        table = read_rows(frame, columns, limit)
+        reads.append(None if table is None else table.num_rows)
+        return table
+
+    monkeypatch.setattr(changes, "rows_on_driver", recorded)
     path = tmp_path / "failover"
     mirror = open_or_create(spark, str(path), MirrorConfig("travel", num_vbuckets=64))
     owners = OwnersTable.of(mirror)
@@ -347,6 +363,7 @@ def test_a_failover_rolls_its_vbuckets_back_in_one_commit(
         request(41, 0, 1),
     ])  # fmt: skip
 
+    assert reads == driver_reads
     # In the order asked: 40, 3 and 4 rewound by one commit, 5 already there, 41 to resync.
     assert [(o.vbucket, o.position.seqno, o.full_resync) for o in outcomes] == [
         (40, 2, False), (3, 2, False), (5, 1, False), (4, 4, False), (41, 0, True)
