@@ -16,9 +16,9 @@ import pyarrow.compute as pc
 
 from replicator.delta.schema import CHANGE_SCHEMA, DATA_COLUMNS, DATA_SCHEMA, in_list
 from replicator.planning.planner import VbucketCommit, deduplicate_changes
-from replicator.planning.replacement import DOCUMENT, METADATA_COLUMNS, replacement_rows
+from replicator.planning.replacement import METADATA_COLUMNS, replacement_rows
 from replicator.staging.rows import CHANGE_SCHEMA as ARROW_CHANGE_SCHEMA
-from replicator.staging.rows import DELETE, UPSERT
+from replicator.staging.rows import DELETE, DOCUMENT, UPSERT
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

@@ -17,11 +17,11 @@ import pyarrow.compute as pc
 
 from replicator.dcp.protocol.events import SnapshotFlags
 from replicator.model.positions import FailoverLog, SeqnoRange, VbucketPosition
-from replicator.staging.rows import CHANGE_SCHEMA
+from replicator.staging.rows import CHANGE_SCHEMA, DOCUMENT
 from replicator.staging.spill import read_rows
 from replicator.staging.stager import StagedSnapshots
 
-_DEDUP_COLUMNS = ("vbucket", "collection_id", "key", "seqno")
+_DEDUP_COLUMNS = (*DOCUMENT, "seqno")
 
 _MAY_REPEAT_KEYS = SnapshotFlags.MAY_CONTAIN_DUPLICATES | SnapshotFlags.HISTORY
 """Snapshots whose keys may repeat: flagged so, or history (every revision, kv_engine 7.2+)."""
@@ -291,18 +291,12 @@ def deduplicate_changes(table: pa.Table) -> pa.Table:
         return table
     order = pc.sort_indices(
         table,
-        sort_keys=[
-            ("vbucket", "ascending"),
-            ("collection_id", "ascending"),
-            ("key", "ascending"),
-            ("seqno", "descending"),
-        ],
+        sort_keys=[*((name, "ascending") for name in DOCUMENT), ("seqno", "descending")],
     )
     count = len(order)
-    # A row is the first of its group when its (vbucket, collection_id, key) differs from the
-    # previous row's.
+    # A row is the first of its group when its document differs from the previous row's.
     starts_group = None
-    for name in ("vbucket", "collection_id", "key"):
+    for name in DOCUMENT:
         column = table[name].take(order).combine_chunks()
         differs = pc.not_equal(column.slice(1), column.slice(0, count - 1))
         starts_group = differs if starts_group is None else pc.or_(starts_group, differs)

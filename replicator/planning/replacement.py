@@ -13,10 +13,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from replicator.staging.rows import CHANGE_SCHEMA, DELETE, UPSERT
-
-DOCUMENT = ("vbucket", "collection_id", "key")
-"""What names one document of the mirror."""
+from replicator.staging.rows import CHANGE_SCHEMA, DELETE, DOCUMENT, UPSERT
 
 BODY_COLUMNS = ("doc", "value", "xattrs")
 """What a delete row does not need: METADATA_COLUMNS leave them out."""

@@ -74,6 +74,10 @@ never expires. `doc` holds JSON bodies, `value` other bodies; both are null on d
 `xattrs` is a JSON object of the document's extended attributes, null when it has none.
 """
 
+DOCUMENT = ("vbucket", "collection_id", "key")
+"""The columns that name one document of the mirror (the same key in another collection or
+vbucket is another document)."""
+
 
 class ChangeRowConverter:
     """Turns a chunk of one stream's items into a RecordBatch of CHANGE_SCHEMA rows.
