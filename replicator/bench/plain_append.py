@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import pyarrow as pa
 from pyspark.sql.types import StructType
 
 from replicator.bench.procfs import CpuMeter, spark_jvm_pid
@@ -21,6 +22,9 @@ from replicator.delta.table import table_properties_and_partitioning
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+READ_BYTES = 64 * 1024 * 1024
+"""The most row bytes read back from the mirror in one collect (untimed)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +81,13 @@ def measure_plain_append(
     seconds = 0.0
     cpu = {"python": 0.0, "jvm": 0.0}
     for group in groups:
-        table = mirror.where(F.col("vbucket").isin(group)).toArrow()
+        # Read in pieces: one task's result of hundreds of MB can be dropped from the block
+        # manager of a 2 GB driver before it is fetched (TaskResultLost at 1,000,000 rows).
+        group_bytes = sum(by_vbucket[vbucket] for vbucket in group)
+        table = pa.concat_tables(
+            mirror.where(F.col("vbucket").isin(piece)).toArrow()
+            for piece in vbucket_chunks(group, -(-group_bytes // READ_BYTES))
+        )
         rows += table.num_rows
         arrow_bytes += table.nbytes
         meter.start()
