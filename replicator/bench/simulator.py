@@ -48,6 +48,7 @@ class SimulatorProcess:
         rate: float = 0.0,
         seed: int = 0,
         start_timeout_s: float = 900.0,
+        superseded_window: int | None = None,
     ) -> None:
         self.bucket = bucket
         self._command = [
@@ -60,6 +61,8 @@ class SimulatorProcess:
             "--rate", str(rate),
             "--seed", str(seed),
         ]  # fmt: skip
+        if superseded_window is not None:
+            self._command += ["--superseded-window", str(superseded_window)]
         self._log_path = Path(log_path)
         self._start_timeout = start_timeout_s
         self._process: subprocess.Popen[bytes] | None = None

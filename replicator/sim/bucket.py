@@ -121,7 +121,10 @@ class SimBucket:
     Deterministic from `seed` (vbucket uuids) and `clock_ns` (CAS, delete times). With
     `may_contain_duplicates`, memory snapshots keep every version of a key and carry flag 0x20.
     `checkpoint_max_items` is how many recent items a vbucket keeps in memory checkpoints;
-    streams further behind are backfilled from "disk".
+    streams further behind are backfilled from "disk". `superseded_window` (None: keep every
+    version) frees versions replaced more than that many seqnos ago in their vbucket, so that
+    memory follows the live documents rather than the writes; failovers and `state_at` then
+    reach back that far only (see `replicator.sim.vbucket`).
 
     History retention, as kv_engine's bucket settings of the same names (0 is off for each):
     `history_retention_seconds` keeps revisions whose CAS time is at most that old,
@@ -149,6 +152,7 @@ class SimBucket:
         history_collections: Iterable[str] = (),
         history_collection_default: bool | None = None,
         storage_backend: StorageBackend | None = None,
+        superseded_window: int | None = None,
     ) -> None:
         if not name:
             raise ValueError("a bucket needs a name")
@@ -203,6 +207,7 @@ class SimBucket:
                 history_retention_seconds=history_retention_seconds,
                 history_retention_bytes=vbucket_bytes,
                 history_collections=self._history_ids,
+                superseded_window=superseded_window,
             )
             for vb in range(num_vbuckets)
         )

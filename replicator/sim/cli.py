@@ -103,6 +103,15 @@ def add_sim_arguments(parser: argparse.ArgumentParser) -> None:
         "--failover-lose", type=int, default=10, help="items a failover fault loses"
     )
     parser.add_argument(
+        "--superseded-window",
+        type=int,
+        default=None,
+        metavar="SEQNOS",
+        help="free a version once the seqno that replaced it is this far behind its vbucket's "
+        "high seqno (default: keep every version, so memory grows with every write); failovers "
+        "then lose at most that many seqnos",
+    )
+    parser.add_argument(
         "--storage-backend",
         choices=("couchstore", "magma"),
         default=None,
@@ -258,6 +267,7 @@ def _build_bucket(args: argparse.Namespace) -> SimBucket:
             history_collections=paths,
             history_collection_default=history_default,
             storage_backend=args.storage_backend,
+            superseded_window=args.superseded_window,
         )
     except ValueError as exc:
         raise ConfigError(f"history options: {exc}") from None
@@ -291,6 +301,17 @@ def _check_options(args: argparse.Namespace, faults: Sequence[str]) -> None:
     if args.history_retention_seconds < 0 or args.history_retention_bytes < 0:
         raise ConfigError("--history-retention-seconds and --history-retention-bytes must not "
                           "be negative")
+    window = args.superseded_window
+    if window is not None:
+        if window < 1:
+            raise ConfigError(f"--superseded-window must be positive, got {window}")
+        if args.history_retention_seconds or args.history_retention_bytes:
+            raise ConfigError("--superseded-window cannot go with --history-retention-*: "
+                              "a bucket that retains history keeps its versions")
+        if "failover" in faults and window < args.failover_lose:
+            raise ConfigError(f"--superseded-window {window} is below --failover-lose "
+                              f"{args.failover_lose}: a failover could not restore what it "
+                              "loses; raise the window")
 
 
 def _parse_faults(text: str) -> list[str]:

@@ -20,6 +20,16 @@ in that window: a disk snapshot reaching into it is split as kv_engine splits it
 prologue below the window, then a HISTORY snapshot), and a batch that writes a history-enabled
 key twice is split into two checkpoints (memory snapshots), as kv_engine's historical
 checkpoints never hold one key twice.
+
+Memory: by default every version stays, so a failover may go back anywhere and `state_at`
+answers for any seqno (what tests need). With `superseded_window` W, checkpoints hold at most
+the last W items, and a version is freed once the seqno that replaced it is more than W
+behind the high seqno (so below the checkpoints) and at or below the end of every backfill in
+progress (a disk snapshot is a consistent state of its end seqno and serves versions replaced
+after it):
+memory then follows the live documents and the recent writes, not the number of writes, as a
+server's does. A failover may then lose at most the last W seqnos, and `state_at` answers from
+`earliest_state_seqno` on.
 """
 
 from __future__ import annotations
@@ -27,6 +37,7 @@ from __future__ import annotations
 import random
 import threading
 import time
+import weakref
 from array import array
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Sequence, Set
@@ -92,7 +103,7 @@ class ServedSnapshot:
     """The part belongs to a disk snapshot (a backfill)."""
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, weakref_slot=True, eq=False)  # identity: kept in a WeakSet
 class _SnapshotInProgress:
     marker: SnapshotMarker | None  # still to be sent with the first part
     next_seqno: int
@@ -127,6 +138,7 @@ class VBucket:
         history_retention_seconds: int = 0,
         history_retention_bytes: int = 0,
         history_collections: Set[int] = frozenset(),
+        superseded_window: int | None = None,
     ) -> None:
         if checkpoint_max_items < 1:
             raise ValueError(f"checkpoint_max_items must be positive, got {checkpoint_max_items}")
@@ -135,13 +147,18 @@ class VBucket:
                 "history retention must not be negative, got "
                 f"{history_retention_seconds} s and {history_retention_bytes} bytes"
             )
+        if superseded_window is not None and superseded_window < 1:
+            raise ValueError(f"superseded_window must be positive, got {superseded_window}")
+        if superseded_window is not None and (history_retention_seconds or history_retention_bytes):
+            raise ValueError("a vbucket that retains history keeps its superseded versions")
         self.vbucket = vbucket
         self.lock = lock if lock is not None else threading.Condition(threading.RLock())
         self.may_contain_duplicates = may_contain_duplicates
-        self._checkpoint_max_items = checkpoint_max_items
+        self._checkpoint_max_items = min(checkpoint_max_items, superseded_window or MAX_SEQNO)
         self._clock_ns = clock_ns
         self._rng = rng
         self._failover = FailoverTable.new(rng)
+        # The item at seqno s is at index s - 1; None once freed (superseded_window).
         self._history: list[HistoryItem] = []
         self._superseded_by = array("Q")  # per item: seqno of the next version of its key, or 0
         self._previous = array("Q")  # per item: seqno of the version it replaced, or 0
@@ -163,6 +180,10 @@ class VBucket:
         self._item_times = array("Q")
         self._size_totals = array("Q", [0])
         self._history_floor = 0  # history once purged never comes back
+        self._superseded_window = superseded_window
+        # Versions replaced at or below this seqno are freed (their history slot is None).
+        self._freed_through = 0
+        self._open_backfills: weakref.WeakSet[_SnapshotInProgress] = weakref.WeakSet()
 
     # -- state --------------------------------------------------------------------------
 
@@ -179,6 +200,15 @@ class VBucket:
     def memory_low_seqno(self) -> int:
         """Checkpoints hold the items above this seqno; a stream behind it is backfilled."""
         return self._memory_low_seqno
+
+    @property
+    def earliest_state_seqno(self) -> int:
+        """The oldest seqno `state_at` can answer for and a failover can go back to.
+
+        0 unless `superseded_window` frees old versions (see the module's docstring).
+        """
+        with self.lock:
+            return self._freed_through
 
     @property
     def retains_history(self) -> bool:
@@ -234,7 +264,13 @@ class VBucket:
         with self.lock:
             if not 0 < seqno <= len(self._history):
                 raise ValueError(f"vbucket {self.vbucket} has no seqno {seqno}")
-            return self._history[seqno - 1]
+            item = self._history[seqno - 1]
+            if item is None:
+                raise ValueError(
+                    f"vbucket {self.vbucket}: the version at seqno {seqno} was replaced and "
+                    f"freed (superseded_window {self._superseded_window})"
+                )
+            return item
 
     def documents(self) -> list[Mutation]:
         """The live documents, by seqno: not deleted, not expired by the pager, not dropped.
@@ -258,6 +294,12 @@ class VBucket:
                 raise ValueError(
                     f"vbucket {self.vbucket}: seqno {seqno} is beyond the high seqno "
                     f"{len(self._history)}"
+                )
+            if seqno < self._freed_through:
+                raise ValueError(
+                    f"vbucket {self.vbucket}: the state at seqno {seqno} is gone: versions "
+                    f"replaced at or below {self._freed_through} were freed (superseded_window "
+                    f"{self._superseded_window})"
                 )
             superseded, history = self._superseded_by, self._history
             dropped = {cid: at for cid, at in self._dropped_at.items() if at <= seqno}
@@ -395,9 +437,16 @@ class VBucket:
         """
         with self.lock:
             high = len(self._history)
-            if not 0 <= lose_last <= high:
+            if not 0 <= lose_last <= high - self._freed_through:
                 raise ValueError(
-                    f"vbucket {self.vbucket}: lose_last must be in 0..{high}, got {lose_last}"
+                    f"vbucket {self.vbucket}: lose_last must be in "
+                    f"0..{high - self._freed_through}, got {lose_last}"
+                    + (
+                        f" (versions replaced at or below seqno {self._freed_through} were "
+                        f"freed: superseded_window {self._superseded_window})"
+                        if self._freed_through
+                        else ""
+                    )
                 )
             if self._retains_history and high:
                 self._history_start()  # what was purged before the failover stays purged
@@ -590,7 +639,23 @@ class VBucket:
             # Expel whole checkpoints, oldest first, until the rest fits.
             ends = self._batch_ends
             self._expel_up_to(ends[bisect_left(ends, high - self._checkpoint_max_items)])
+        if self._superseded_window is not None:
+            self._free_superseded(self._superseded_window)
         self.lock.notify_all()
+
+    def _free_superseded(self, window: int) -> None:
+        """Free the versions no stream, failover or state question can need any more."""
+        # Checkpoints hold at most `window` items (see __init__), so no memory snapshot
+        # reaches below this floor; a backfill in progress may.
+        floor = len(self._history) - window
+        for backfill in self._open_backfills:
+            floor = min(floor, backfill.end_seqno)
+        history, previous = self._history, self._previous
+        for replacing in range(self._freed_through + 1, floor + 1):
+            replaced = previous[replacing - 1]
+            if replaced and not isinstance(history[replaced - 1], SystemEvent):
+                history[replaced - 1] = None  # type: ignore[call-overload]
+        self._freed_through = max(self._freed_through, floor)
 
     def _expel_up_to(self, seqno: int) -> None:
         if seqno <= self._memory_low_seqno:
@@ -643,6 +708,7 @@ class VBucket:
             ends.append(new_high)  # the promoted replica had part of that batch
         self._memory_low_seqno = min(self._memory_low_seqno, new_high)
         self._purge_seqno = min(self._purge_seqno, new_high)
+        self._freed_through = min(self._freed_through, new_high)
 
     def _plan_snapshot(
         self,
@@ -663,6 +729,8 @@ class VBucket:
                 self._marker(start, end, flags, is_disk=True), position + 1, end, True, end
             )
             if not history_start or history_start > end:
+                if self._superseded_window is not None:
+                    self._open_backfills.add(plain)  # its versions stay until it is served
                 return plain
             # kv_engine: the part of the backfill in the history window is a HISTORY snapshot
             # keeping every revision of history-enabled collections; the part below it, if
@@ -725,6 +793,9 @@ class VBucket:
         while seqno <= last and len(items) < max_items:
             item = history[seqno - 1]
             replaced_at = superseded[seqno - 1]
+            if item is None:
+                seqno += 1
+                continue  # freed: replaced long ago, as gone as from a server's seqno index
             if (
                 not keep_duplicates
                 and replaced_at
@@ -749,6 +820,8 @@ class VBucket:
                 continue  # a purged tombstone
             items.append(item)
         snapshot.next_seqno = seqno
+        if seqno > last:
+            self._open_backfills.discard(snapshot)
         marker, snapshot.marker = snapshot.marker, None
         return ServedSnapshot(
             marker, tuple(items), seqno > last, snapshot.prologue, from_disk=snapshot.is_disk
