@@ -639,8 +639,11 @@ class VBucket:
             # Expel whole checkpoints, oldest first, until the rest fits.
             ends = self._batch_ends
             self._expel_up_to(ends[bisect_left(ends, high - self._checkpoint_max_items)])
-        if self._superseded_window is not None:
-            self._free_superseded(self._superseded_window)
+        window = self._superseded_window
+        # Freed in steps of about 1/32 of the window: a look at the open backfills per batch
+        # cost the producer's writer a tenth of its time at 20,000 changes/s.
+        if window is not None and high - window - self._freed_through >= max(1, window // 32):
+            self._free_superseded(window)
         self.lock.notify_all()
 
     def _free_superseded(self, window: int) -> None:
