@@ -24,12 +24,11 @@ checkpoints never hold one key twice.
 Memory: by default every version stays, so a failover may go back anywhere and `state_at`
 answers for any seqno (what tests need). With `superseded_window` W, checkpoints hold at most
 the last W items, and a version is freed once the seqno that replaced it is more than W
-behind the high seqno (so below the checkpoints) and at or below the end of every backfill in
-progress (a disk snapshot is a consistent state of its end seqno and serves versions replaced
-after it):
-memory then follows the live documents and the recent writes, not the number of writes, as a
-server's does. A failover may then lose at most the last W seqnos, and `state_at` answers from
-`earliest_state_seqno` on.
+behind the high seqno (so below the checkpoints) and at or below the end of every snapshot a
+stream is still serving (a snapshot is the consistent state of its end seqno and serves
+versions replaced after it): memory then follows the live documents and the recent writes, not
+the number of writes, as a server's does. A failover may then lose at most the last W seqnos,
+and `state_at` answers from `earliest_state_seqno` on.
 """
 
 from __future__ import annotations
@@ -183,7 +182,8 @@ class VBucket:
         self._superseded_window = superseded_window
         # Versions replaced at or below this seqno are freed (their history slot is None).
         self._freed_through = 0
-        self._open_backfills: weakref.WeakSet[_SnapshotInProgress] = weakref.WeakSet()
+        # Snapshots streams are serving (with a window only): they hold the freeing back.
+        self._open_snapshots: weakref.WeakSet[_SnapshotInProgress] = weakref.WeakSet()
 
     # -- state --------------------------------------------------------------------------
 
@@ -648,11 +648,11 @@ class VBucket:
 
     def _free_superseded(self, window: int) -> None:
         """Free the versions no stream, failover or state question can need any more."""
-        # Checkpoints hold at most `window` items (see __init__), so no memory snapshot
-        # reaches below this floor; a backfill in progress may.
+        # Checkpoints hold at most `window` items (see __init__), so no snapshot planned from
+        # now on reaches below this floor; one a stream is still serving may.
         floor = len(self._history) - window
-        for backfill in self._open_backfills:
-            floor = min(floor, backfill.end_seqno)
+        for snapshot in self._open_snapshots:
+            floor = min(floor, snapshot.end_seqno)
         history, previous = self._history, self._previous
         for replacing in range(self._freed_through + 1, floor + 1):
             replaced = previous[replacing - 1]
@@ -732,9 +732,7 @@ class VBucket:
                 self._marker(start, end, flags, is_disk=True), position + 1, end, True, end
             )
             if not history_start or history_start > end:
-                if self._superseded_window is not None:
-                    self._open_backfills.add(plain)  # its versions stay until it is served
-                return plain
+                return self._opened(plain)
             # kv_engine: the part of the backfill in the history window is a HISTORY snapshot
             # keeping every revision of history-enabled collections; the part below it, if
             # any, a deduplicated snapshot first. Both markers name the whole range.
@@ -767,7 +765,12 @@ class VBucket:
             # flags it HISTORY (not MAY_CONTAIN_DUPLICATES: it never holds one key twice).
             flags |= SnapshotFlags.HISTORY
         marker = self._marker(start, end, flags, is_disk=False)
-        return _SnapshotInProgress(marker, position + 1, end, False, end)
+        return self._opened(_SnapshotInProgress(marker, position + 1, end, False, end))
+
+    def _opened(self, snapshot: _SnapshotInProgress) -> _SnapshotInProgress:
+        if self._superseded_window is not None:
+            self._open_snapshots.add(snapshot)  # its versions stay until it is served
+        return snapshot
 
     def _marker(
         self, start: int, end: int, flags: SnapshotFlags, *, is_disk: bool
@@ -824,7 +827,7 @@ class VBucket:
             items.append(item)
         snapshot.next_seqno = seqno
         if seqno > last:
-            self._open_backfills.discard(snapshot)
+            self._open_snapshots.discard(snapshot)
         marker, snapshot.marker = snapshot.marker, None
         return ServedSnapshot(
             marker, tuple(items), seqno > last, snapshot.prologue, from_disk=snapshot.is_disk

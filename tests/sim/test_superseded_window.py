@@ -101,6 +101,24 @@ def test_a_backfill_in_progress_keeps_the_versions_of_its_end_seqno() -> None:
     assert windowed.earliest_state_seqno > end
 
 
+def test_a_memory_snapshot_in_progress_keeps_its_versions() -> None:
+    kept, windowed = twins(batches(6, 50))
+    cursors = [kept.open_cursor(kept.high_seqno), windowed.open_cursor(windowed.high_seqno)]
+    batch = [upsert(f"m{n}", f'{{"first":{n}}}') for n in range(WINDOW - 5)]
+    for vbucket in (kept, windowed):
+        vbucket.apply_writes(batch)
+    first = [cursor.next_snapshot(3) for cursor in cursors]  # a part of that memory snapshot
+    assert first[0] == first[1]
+    assert first[1] is not None and not first[1].from_disk  # type: ignore[union-attr]
+    for round_ in range(10):  # every document of the snapshot replaced, 10 times over
+        again = [upsert(f"m{n}", f'{{"round":{round_}}}') for n in range(WINDOW - 5)]
+        kept.apply_writes(again)
+        windowed.apply_writes(again)
+    assert windowed.earliest_state_seqno > 0
+    rest = [served_items(cursor) for cursor in cursors]
+    assert rest[0] == rest[1]
+
+
 def kept_live_at(vbucket: VBucket, seqno: int) -> set[int]:
     return {document.by_seqno for document in vbucket.state_at(seqno)}
 
