@@ -182,6 +182,7 @@ class VBucket:
         self._superseded_window = superseded_window
         # Versions replaced at or below this seqno are freed (their history slot is None).
         self._freed_through = 0
+        self._free_due_at = 0  # the high seqno at which to look for versions to free again
         # Snapshots streams are serving (with a window only): they hold the freeing back.
         self._open_snapshots: weakref.WeakSet[_SnapshotInProgress] = weakref.WeakSet()
 
@@ -640,10 +641,12 @@ class VBucket:
             ends = self._batch_ends
             self._expel_up_to(ends[bisect_left(ends, high - self._checkpoint_max_items)])
         window = self._superseded_window
-        # Freed in steps of about 1/32 of the window: a look at the open backfills per batch
-        # cost the producer's writer a tenth of its time at 20,000 changes/s.
-        if window is not None and high - window - self._freed_through >= max(1, window // 32):
+        # Freed in steps of about 1/32 of the window, even while a snapshot being served holds
+        # the freeing back: a look at them per batch cost the producer's writer a tenth of its
+        # time at 20,000 changes/s.
+        if window is not None and high >= self._free_due_at:
             self._free_superseded(window)
+            self._free_due_at = high + max(1, window // 32)
         self.lock.notify_all()
 
     def _free_superseded(self, window: int) -> None:
@@ -711,7 +714,6 @@ class VBucket:
             ends.append(new_high)  # the promoted replica had part of that batch
         self._memory_low_seqno = min(self._memory_low_seqno, new_high)
         self._purge_seqno = min(self._purge_seqno, new_high)
-        self._freed_through = min(self._freed_through, new_high)
 
     def _plan_snapshot(
         self,
@@ -732,7 +734,7 @@ class VBucket:
                 self._marker(start, end, flags, is_disk=True), position + 1, end, True, end
             )
             if not history_start or history_start > end:
-                return self._opened(plain)
+                return plain
             # kv_engine: the part of the backfill in the history window is a HISTORY snapshot
             # keeping every revision of history-enabled collections; the part below it, if
             # any, a deduplicated snapshot first. Both markers name the whole range.
@@ -765,12 +767,7 @@ class VBucket:
             # flags it HISTORY (not MAY_CONTAIN_DUPLICATES: it never holds one key twice).
             flags |= SnapshotFlags.HISTORY
         marker = self._marker(start, end, flags, is_disk=False)
-        return self._opened(_SnapshotInProgress(marker, position + 1, end, False, end))
-
-    def _opened(self, snapshot: _SnapshotInProgress) -> _SnapshotInProgress:
-        if self._superseded_window is not None:
-            self._open_snapshots.add(snapshot)  # its versions stay until it is served
-        return snapshot
+        return _SnapshotInProgress(marker, position + 1, end, False, end)
 
     def _marker(
         self, start: int, end: int, flags: SnapshotFlags, *, is_disk: bool
@@ -826,8 +823,13 @@ class VBucket:
                 continue  # a purged tombstone
             items.append(item)
         snapshot.next_seqno = seqno
-        if seqno > last:
-            self._open_snapshots.discard(snapshot)
+        if self._superseded_window is not None:
+            # An unfinished snapshot keeps its versions until served; most are served whole by
+            # the call that planned them (one hold of the lock) and never need registering.
+            if seqno > last:
+                self._open_snapshots.discard(snapshot)
+            else:
+                self._open_snapshots.add(snapshot)
         marker, snapshot.marker = snapshot.marker, None
         return ServedSnapshot(
             marker, tuple(items), seqno > last, snapshot.prologue, from_disk=snapshot.is_disk
