@@ -19,6 +19,10 @@ from replicator.dcp.transport.auth import SASL_MECHANISM_NAMES, parse_sasl_mecha
 from replicator.dcp.transport.options import BACKFILL_ORDERS
 from replicator.errors import ConfigError
 
+FIRST_LOAD_WRITERS = ("auto", "spark")
+"""Who appends first loads: `auto` is delta-rs where the data table allows it
+(replicator.delta.arrow_append), Spark elsewhere; `spark` is always Spark."""
+
 ENV_PREFIX = "REPLICATOR_"
 
 
@@ -157,6 +161,8 @@ class ReplicatorConfig:
     """Write the metrics as a log line this often (0: never)."""
     source_check_interval_s: float = 30.0
     """How often a run asks the producer for its high seqnos: the lag's resolution."""
+    first_load_writer: str = "auto"
+    """Who appends first loads (FIRST_LOAD_WRITERS)."""
     history: bool = False
     """Open change streams and keep every revision of collections with history retention in a
     history table beside the mirror (`_replicator/history`)."""
@@ -176,6 +182,11 @@ class ReplicatorConfig:
             raise ConfigError(
                 f"backfill_order must be one of {', '.join(BACKFILL_ORDERS)}, "
                 f"not {self.backfill_order!r}"
+            )
+        if self.first_load_writer not in FIRST_LOAD_WRITERS:
+            raise ConfigError(
+                f"first_load_writer must be one of {', '.join(FIRST_LOAD_WRITERS)}, "
+                f"not {self.first_load_writer!r}"
             )
         if not 0 <= self.metrics_port <= 65535:
             raise ConfigError("metrics_port must be between 1 and 65535 (0: no endpoint)")

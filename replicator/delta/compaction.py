@@ -156,10 +156,13 @@ class Compactor:
     def compact_if_due(self) -> CompactionOutcome | None:
         return self.compact() if self.due() else None
 
-    def note_appended(self) -> None:
-        """The commits since the last look only appended: their files count as healthy."""
+    def note_appended(self, table_files: int | None = None) -> None:
+        """The commits since the last look only appended: their files count as healthy.
+
+        `table_files` is the table's file count after them when the writer gave it (no look
+        at Delta's snapshot then)."""
         if self.partitions:
-            self._files_after_last = self.table_files()
+            self._files_after_last = self.table_files() if table_files is None else table_files
 
     def compact(self) -> CompactionOutcome | None:
         """Compact this owner's partitions now (minor, or full when needed); None when a

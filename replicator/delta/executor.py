@@ -20,6 +20,10 @@ conflict check (WriteSerializable) lets them all through. A conflict that does h
 sharing a partition, a racing table-creation or metadata change) is retried with backoff,
 re-checking the claim first: the write is rebuilt against the new table version, and its txn
 ids make an attempt that did land count once.
+
+Over 500 lines on purpose: the three strategies share one exactly-once path (`_commit`,
+`_write`, `_retrying`), the first-load guard and the checkpoint queue; the rows they write are
+built elsewhere (`changes`, `arrow_append`, `rollback`).
 """
 
 from __future__ import annotations
@@ -31,6 +35,14 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from replicator.config import FIRST_LOAD_WRITERS
+from replicator.delta.arrow_append import (
+    AppendedCommit,
+    ArrowAppender,
+    arrow_appender_for,
+    first_load_batches,
+    streamable,
+)
 from replicator.delta.changes import (
     change_rows,
     dropped_collection_rows,
@@ -105,6 +117,8 @@ class DataCommit:
     table_version: int
     positions: Mapping[int, VbucketPosition]
     already_committed: bool = False
+    table_files: int | None = None
+    """Files in the table at `table_version`, when the writer said (delta-rs appends)."""
 
     @property
     def vbuckets(self) -> tuple[int, ...]:
@@ -148,9 +162,12 @@ class CommitExecutor:
         pause: Callable[[float], None] = time.sleep,
         checkpoint_every: int = 1,
         history: HistoryTable | None = None,
+        first_load_writer: str = "auto",
     ) -> None:
         if checkpoint_every < 1:
             raise ValueError(f"checkpoint_every must be at least 1, got {checkpoint_every}")
+        if first_load_writer not in FIRST_LOAD_WRITERS:
+            raise ValueError(f"first_load_writer must be one of {FIRST_LOAD_WRITERS}")
         self.mirror = mirror
         self.claim = claim
         self.owners = owners
@@ -163,6 +180,10 @@ class CommitExecutor:
         self.new_batches_from: int | None = None
         self._queued_checkpoints: list[CommitRecord] = []
         self._landed_commit: CommitRecord | None = None
+        self._landed_files: int | None = None
+        self.first_load_writer = first_load_writer
+        self._appender: ArrowAppender | None = None
+        self._appender_decided = False
         self._empty_vbuckets: set[int] | None = None
         """Claimed vbuckets known to hold no rows (None until a first load asks): only this
         owner writes them, and every write of ours takes its vbuckets out."""
@@ -273,7 +294,9 @@ class CommitExecutor:
 
     # -- strategies -------------------------------------------------------------------------
 
-    def _append(self, commits: Sequence[VbucketCommit], metadata: CommitMetadata) -> None:
+    def _append(
+        self, commits: Sequence[VbucketCommit], metadata: CommitMetadata
+    ) -> AppendedCommit | None:
         vbuckets = [c.vbucket for c in commits]
         holding = self._vbuckets_with_rows(vbuckets)
         if holding:
@@ -281,6 +304,9 @@ class CommitExecutor:
                 f"batch {metadata.batch_id}: vbuckets {holding} are marked first load but hold "
                 "rows; a vbucket rolled back to 0 must be reloaded with replace_vbucket"
             )
+        appender = self.arrow_appender()
+        if appender is not None and streamable(commits):
+            return appender.append(first_load_batches(commits), metadata)
         frame = self.change_rows(commits).where(f"op = '{UPSERT}'").select(*DATA_COLUMNS)
         with SESSION_WRITE_LOCK:
             (
@@ -291,6 +317,17 @@ class CommitExecutor:
                 .option("userMetadata", metadata.to_json())
                 .save(self.mirror.layout.data)
             )
+        return None
+
+    def arrow_appender(self) -> ArrowAppender | None:
+        """delta-rs's appender of first loads, or None when they go through Spark (decided
+        once, at the first append)."""
+        if not self._appender_decided:
+            self._appender = arrow_appender_for(
+                self.mirror.layout.data, self.mirror.data_layout, self.first_load_writer
+            )
+            self._appender_decided = True
+        return self._appender
 
     def _merge(self, commits: Sequence[VbucketCommit], metadata: CommitMetadata) -> None:
         source = union_frames(
@@ -332,7 +369,7 @@ class CommitExecutor:
         kind: str,
         strategy: WriteStrategy,
         positions: Mapping[int, VbucketPosition],
-        write: Callable[[CommitMetadata], None],
+        write: Callable[[CommitMetadata], AppendedCommit | None],
         *,
         details: Mapping[str, Any] | None = None,
         before_write: Callable[[CommitMetadata], None] | None = None,
@@ -347,7 +384,7 @@ class CommitExecutor:
             details=dict(details or {}),
         )
         what = f"batch {batch_id} part {part} ({strategy.value} of vbuckets {sorted(positions)})"
-        record = None
+        record = table_files = None
         if self.new_batches_from is None or batch_id < self.new_batches_from:
             record = self.mirror.find_commit(metadata.owner_id, batch_id, part, recent_only=True)
         already_committed = record is not None
@@ -368,6 +405,8 @@ class CommitExecutor:
             record = self._landed_commit or self.mirror.find_commit(
                 metadata.owner_id, batch_id, part
             )
+            if record is self._landed_commit:
+                table_files = self._landed_files
             if record is None:
                 raise CommitFailed(
                     f"batch {batch_id} part {part}: Delta accepted the write but its commit is "
@@ -378,16 +417,24 @@ class CommitExecutor:
         if len(self._queued_checkpoints) >= self.checkpoint_every:
             self.flush_checkpoints()
         self._step("after_checkpoint")
-        return _data_commit(record, strategy, already_committed)
+        return _data_commit(record, strategy, already_committed, table_files)
 
-    def _write(self, write: Callable[[CommitMetadata], None], metadata: CommitMetadata) -> None:
-        """Run `write`, noting the commit it made (None when Delta skipped it as a duplicate)."""
+    def _write(
+        self, write: Callable[[CommitMetadata], AppendedCommit | None], metadata: CommitMetadata
+    ) -> None:
+        """Run `write`, noting the commit it made (None when Delta skipped it as a duplicate).
+
+        `write` returns what it committed when it did not commit through Spark."""
         self._landed_commit = None
+        self._landed_files = None
         with SESSION_WRITE_LOCK:
             reset_last_commit_version(self.spark)
-            write(metadata)
+            appended = write(metadata)
             version = last_commit_version(self.spark)
-        if version is not None:
+        if appended is not None:
+            self._landed_commit = CommitRecord(appended.version, appended.committed_at, metadata)
+            self._landed_files = appended.table_files
+        elif version is not None:
             self._landed_commit = CommitRecord(version, self._commit_time(version), metadata)
 
     def _commit_time(self, version: int) -> datetime:
@@ -486,7 +533,9 @@ class CommitExecutor:
         return sorted(int(row["vbucket"]) for row in rows)
 
 
-def _data_commit(record: CommitRecord, strategy: WriteStrategy, already: bool) -> DataCommit:
+def _data_commit(
+    record: CommitRecord, strategy: WriteStrategy, already: bool, table_files: int | None = None
+) -> DataCommit:
     metadata = record.metadata
     return DataCommit(
         batch_id=metadata.batch_id,
@@ -496,4 +545,5 @@ def _data_commit(record: CommitRecord, strategy: WriteStrategy, already: bool) -
         table_version=record.version,
         positions=dict(metadata.positions),
         already_committed=already,
+        table_files=table_files,
     )

@@ -86,8 +86,10 @@ class DeltaMirrorStore:
         steady = batch
         for vbucket in resyncs:
             steady = without_vbucket(steady, vbucket)
+        outcome = None
         if not steady.is_empty:
-            self._executor.execute(dataclasses.replace(steady, batch_id=self.next_batch_id))
+            numbered = dataclasses.replace(steady, batch_id=self.next_batch_id)
+            outcome = self._executor.execute(numbered)
             self.next_batch_id += 1
         if resyncs:
             replace_vbuckets(
@@ -98,7 +100,9 @@ class DeltaMirrorStore:
             self.next_batch_id += 1
         if self._compactor is not None:
             if all(commit.first_load for commit in batch.commits):
-                self._compactor.note_appended()  # appends write healthy files
+                # Appends write healthy files; the files counted by the writer, when it did.
+                landed = outcome.commits[-1].table_files if outcome and outcome.commits else None
+                self._compactor.note_appended(landed)
             else:
                 self._compactor.compact_if_due()
         # Checked only right after a flush (the table grows by flushes; the check reads its

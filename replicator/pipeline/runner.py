@@ -239,7 +239,7 @@ def run_replication(
             history.ensure(mirror.config)
         executor = CommitExecutor(
             mirror, claim, owners, fault_hook=fault_hook, checkpoint_every=CHECKPOINT_EVERY,
-            history=history,
+            history=history, first_load_writer=config.first_load_writer,
         )
         store = DeltaMirrorStore(
             executor, owners, claim, compactor=Compactor(mirror, claim.vbuckets),
