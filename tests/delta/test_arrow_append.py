@@ -155,16 +155,81 @@ def test_an_append_whose_txn_version_is_recorded_commits_nothing(
         kind="commit", batch_id=7, part=0, owner_id=claim.owner_id, strategy="append",
         positions={1: commits[0].position},
     )  # fmt: skip
-    appender = ArrowAppender(mirror.layout.data)
+    appender = ArrowAppender(mirror.layout.data, mirror.data_layout)
     landed = appender.append(first_load_batches(commits), metadata)
     assert landed is not None
-    again = ArrowAppender(mirror.layout.data)  # as after a restart
+    again = ArrowAppender(mirror.layout.data, mirror.data_layout)  # as after a restart
     assert again.append(first_load_batches(commits), metadata) is None
     assert appender.append(first_load_batches(commits), metadata) is None
     assert delta_snapshot(spark, mirror.layout.data).version() == landed.version
     assert mirror.read().count() == 50
     txn = {t.appId(): t.version() for t in _list(delta_snapshot(spark, mirror.layout.data))}
     assert txn[next(iter(txn))] == metadata.txn_version
+
+
+@pytest.mark.spark
+def test_files_roll_by_partition_and_size_and_their_statistics_bound_their_rows(
+    spark: Any, tmp_path: Path, new_mirror: Any
+) -> None:
+    from deltalake import DeltaTable
+
+    mirror, _owners, claim = new_mirror
+    commits = [
+        unique(vbucket_commit(vb, [upsert(vb, f"k{i}", i + 1, expiry=EXPIRY if i % 7 else None)
+                                   for i in range(60)], seqno=60, first_load=True))
+        for vb in range(2, 19)
+    ]  # fmt: skip
+    metadata = CommitMetadata(
+        kind="commit", batch_id=3, part=0, owner_id=claim.owner_id, strategy="append",
+        positions={c.vbucket: c.position for c in commits},
+    )  # fmt: skip
+    appender = ArrowAppender(
+        mirror.layout.data, mirror.data_layout, file_bytes=12_000, row_group_bytes=5_000
+    )
+    landed = appender.append(first_load_batches(commits), metadata)
+    assert landed is not None
+    actions = pa.table(DeltaTable(mirror.layout.data).get_add_actions(flatten=True)).to_pylist()
+    width = mirror.data_layout.group_width
+    assert width == 4 and landed.table_files == len(actions) > len({vb // 4 for vb in range(2, 19)})
+    for action in actions:
+        rows = pq.read_table(Path(mirror.layout.data) / action["path"])
+        vbuckets = rows["vbucket"].to_pylist()
+        assert {vb // width for vb in vbuckets} == {int(action["partition.vbucket_group"])}
+        assert action["num_records"] == rows.num_rows
+        assert (action["min.vbucket"], action["max.vbucket"]) == (min(vbuckets), max(vbuckets))
+        assert (action["min.seqno"], action["max.seqno"]) == (
+            min(rows["seqno"].to_pylist()), max(rows["seqno"].to_pylist())
+        )
+        assert action["null_count.expiry"] == rows["expiry"].null_count
+    # Spark skips files by those statistics and still finds every row of each vbucket.
+    for vb in range(0, 20):
+        assert mirror.read().where(f"vbucket = {vb}").count() == (60 if 2 <= vb <= 18 else 0)
+        assert mirror.read().where(f"vbucket = {vb} AND seqno = 60").count() == (
+            1 if 2 <= vb <= 18 else 0
+        )
+
+
+@pytest.mark.spark
+def test_a_failed_append_leaves_no_file_and_no_commit(
+    spark: Any, tmp_path: Path, new_mirror: Any
+) -> None:
+    mirror, _owners, claim = new_mirror
+    before = delta_snapshot(spark, mirror.layout.data).version()
+    commits = first_load_commits(tmp_path)
+
+    def failing() -> Iterator[pa.RecordBatch]:
+        yield from first_load_batches(commits[:2])
+        raise OSError("the disk is full")
+
+    metadata = CommitMetadata(
+        kind="commit", batch_id=4, part=0, owner_id=claim.owner_id, strategy="append",
+        positions={c.vbucket: c.position for c in commits},
+    )  # fmt: skip
+    appender = ArrowAppender(mirror.layout.data, mirror.data_layout, row_group_bytes=1)
+    with pytest.raises(OSError, match="disk is full"):
+        appender.append(failing(), metadata)
+    assert delta_snapshot(spark, mirror.layout.data).version() == before
+    assert not list(Path(mirror.layout.data).glob("*/*.parquet"))
 
 
 def _list(snapshot: Any) -> list[Any]:
