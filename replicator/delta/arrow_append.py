@@ -188,6 +188,7 @@ class ArrowAppender:
         recorded = table.transaction_version(app_id)
         if recorded is not None and recorded >= metadata.txn_version:
             return None
+        before = int(table.version())
         files = PartitionFiles(
             _local_path(self.path), self.layout, self.file_bytes, self.row_group_bytes
         )
@@ -195,13 +196,23 @@ class ArrowAppender:
             for batch in batches:
                 files.write(batch)
             actions: list[AddAction | RemoveAction] = [*files.close()]
+            # Spark's append's metrics, under its names: status and audits count rows by them.
+            metrics = {
+                "numFiles": str(len(actions)),
+                "numOutputRows": str(files.rows),
+                "numOutputBytes": str(sum(action.size for action in files.actions)),
+            }
             table.create_write_transaction(
                 actions,
                 "append",
                 table.schema(),
                 partition_by=[self.layout.partition_column],
                 commit_properties=CommitProperties(
-                    custom_metadata={"userMetadata": metadata.to_json(), "isBlindAppend": True},
+                    custom_metadata={
+                        "userMetadata": metadata.to_json(),
+                        "isBlindAppend": True,
+                        "operationMetrics": metrics,
+                    },
                     app_transactions=[Transaction(app_id=app_id, version=metadata.txn_version)],
                 ),
                 # Checkpoints and log clean-up stay Spark's, as for every other commit.
@@ -212,13 +223,29 @@ class ArrowAppender:
         except BaseException:
             files.discard()  # never committed: nothing refers to them
             raise
-        table.update_incremental()
-        version = int(table.version())
-        log_file = os.path.join(_local_path(self.path), "_delta_log", f"{version:020d}.json")
+        version, log_file = self._landed_version(before, app_id, metadata.txn_version)
+        table.load_as_version(version)
         return AppendedCommit(
             version,
             datetime.fromtimestamp(os.stat(log_file).st_mtime_ns // 1_000_000 / 1000, tz=UTC),
             len(table.file_uris()),
+        )
+
+    def _landed_version(self, before: int, app_id: str, txn_version: int) -> tuple[int, str]:
+        """The version our commit took, and its log file: the first after `before` carrying
+        our txn (another writer may have committed since)."""
+        log = os.path.join(_local_path(self.path), "_delta_log")
+        version = before + 1
+        while os.path.exists(path := os.path.join(log, f"{version:020d}.json")):
+            with open(path, encoding="utf-8") as commit:
+                for line in commit:
+                    txn = json.loads(line).get("txn")
+                    if txn and txn.get("appId") == app_id and txn.get("version") == txn_version:
+                        return version, path
+            version += 1
+        raise RuntimeError(
+            f"delta-rs committed txn {txn_version} of {app_id}, but no version after {before} "
+            "holds it"
         )
 
 
@@ -244,7 +271,8 @@ class PartitionFiles:
         partition = layout.partition_column
         self.columns = [name for name in DATA_COLUMNS if name != partition]
         self.schema = pa.schema([ARROW_DATA_SCHEMA.field(name) for name in self.columns])
-        self._actions: list[AddAction] = []
+        self.actions: list[AddAction] = []
+        self.rows = 0
         self._written: list[str] = []
         self._open: _OpenFile | None = None
 
@@ -261,7 +289,7 @@ class PartitionFiles:
 
     def close(self) -> list[AddAction]:
         self._close_open()
-        return list(self._actions)
+        return list(self.actions)
 
     def discard(self) -> None:
         if self._open is not None:
@@ -305,7 +333,8 @@ class PartitionFiles:
         from deltalake.transaction import AddAction
 
         status = os.stat(current.full_path)
-        self._actions.append(
+        self.rows += current.records
+        self.actions.append(
             AddAction(
                 path=current.path,
                 size=status.st_size,

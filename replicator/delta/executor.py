@@ -118,7 +118,7 @@ class DataCommit:
     positions: Mapping[int, VbucketPosition]
     already_committed: bool = False
     table_files: int | None = None
-    """Files in the table at `table_version`, when the writer said (delta-rs appends)."""
+    """Files in the table at `table_version`, when the writer said (Arrow appends)."""
 
     @property
     def vbuckets(self) -> tuple[int, ...]:
@@ -320,7 +320,7 @@ class CommitExecutor:
         return None
 
     def arrow_appender(self) -> ArrowAppender | None:
-        """delta-rs's appender of first loads, or None when they go through Spark (decided
+        """The Arrow appender of first loads, or None when they go through Spark (decided
         once, at the first append)."""
         if not self._appender_decided:
             self._appender = arrow_appender_for(

@@ -226,9 +226,7 @@ def _row_counts(entry: HistoryEntry) -> tuple[int, int, int]:
         return (metric("numTargetRowsInserted"), metric("numTargetRowsUpdated"),
                 metric("numTargetRowsDeleted"))
     if entry.operation in ("WRITE", "CREATE TABLE AS SELECT", "REPLACE TABLE AS SELECT"):
-        # delta-rs names its appends' metrics its own way (first loads, see arrow_append).
-        inserted = metric("numOutputRows") or metric("num_added_rows")
-        return inserted, 0, metric("numDeletedRows")
+        return metric("numOutputRows"), 0, metric("numDeletedRows")
     if entry.operation in ("DELETE", "UPDATE"):
         return 0, metric("numUpdatedRows"), metric("numDeletedRows")
     return 0, 0, 0

@@ -151,8 +151,7 @@ def test_sigterm_mid_load_then_restart_equals_source_with_each_change_applied_on
     for row in data_history(spark, load.target):
         metrics = row["operationMetrics"] or {}
         if row["operation"] == "WRITE":
-            # Spark's append and delta-rs's (first loads) name the rows they add differently.
-            inserted += int(metrics.get("numOutputRows") or metrics.get("num_added_rows") or 0)
+            inserted += int(metrics.get("numOutputRows", 0))
         elif row["operation"] == "MERGE":
             inserted += int(metrics.get("numTargetRowsInserted", 0))
             updated += int(metrics.get("numTargetRowsUpdated", 0))

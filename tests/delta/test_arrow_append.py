@@ -128,6 +128,11 @@ def test_a_first_load_through_delta_rs_equals_sparks_append(
                        ignore_row_order=True)  # fmt: skip
     expiring = mirror.read().where("expiry IS NOT NULL").select("key", "expiry").collect()
     assert [(r["key"], r["expiry"].replace(tzinfo=UTC)) for r in expiring] == [("m7", EXPIRY)]
+    # Spark's append's metrics, which status and audits count rows by.
+    [history] = mirror.delta().history().where(f"version = {landed.table_version}").collect()
+    assert history["operation"] == "WRITE"
+    assert history["operationMetrics"]["numOutputRows"] == "93"
+    assert history["operationMetrics"]["numFiles"] == str(landed.table_files)
     # The commit is the replicator's, found by recovery as any other.
     record = mirror.find_commit(claim.owner_id, 1, 0)
     assert record is not None and record.version == landed.table_version
@@ -230,6 +235,37 @@ def test_a_failed_append_leaves_no_file_and_no_commit(
         appender.append(failing(), metadata)
     assert delta_snapshot(spark, mirror.layout.data).version() == before
     assert not list(Path(mirror.layout.data).glob("*/*.parquet"))
+
+
+@pytest.mark.spark
+def test_the_version_reported_is_the_appends_own_when_another_writer_follows_at_once(
+    spark: Any, tmp_path: Path, new_mirror: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from deltalake import DeltaTable
+    from deltalake.transaction import CommitProperties, Transaction
+
+    mirror, _owners, claim = new_mirror
+    original = DeltaTable.create_write_transaction
+
+    def and_another_writer(table: Any, *args: Any, **kwargs: Any) -> None:
+        original(table, *args, **kwargs)
+        other = DeltaTable(mirror.layout.data)
+        original(other, [], "append", other.schema(), commit_properties=CommitProperties(
+            app_transactions=[Transaction(app_id="another-writer", version=1)]))
+
+    monkeypatch.setattr(DeltaTable, "create_write_transaction", and_another_writer)
+    commits = first_load_commits(tmp_path)[:1]
+    metadata = CommitMetadata(
+        kind="commit", batch_id=5, part=0, owner_id=claim.owner_id, strategy="append",
+        positions={1: commits[0].position},
+    )  # fmt: skip
+    landed = ArrowAppender(mirror.layout.data, mirror.data_layout).append(
+        first_load_batches(commits), metadata
+    )
+    latest = int(delta_snapshot(spark, mirror.layout.data).version())
+    assert landed is not None and landed.version == latest - 1
+    [ours] = mirror.delta().history().where(f"version = {landed.version}").collect()
+    assert CommitMetadata.from_json(ours["userMetadata"]) == metadata
 
 
 def _list(snapshot: Any) -> list[Any]:
