@@ -10,11 +10,11 @@ README ("A first load without the JVM").
 
 It is used when the data table allows it (`arrow_append_refusal`): the table is on the local
 filesystem (elsewhere the storage credentials are Hadoop's, which delta-rs does not read),
-every writer feature is one this module was tested with, and each generated column is one
-this module computes as Spark does (mirrors created before 2026-11-28 generate their partition
-with `DIV`, which delta-rs cannot parse: they keep Spark's append). A first load whose spilled
-rows need deduplication goes to Spark too: deduplicating them here would bring a whole vbucket
-into memory, past the staging budget.
+every writer feature is one this module was tested with, and its generated column is the
+partition this module computes (`DataLayout.group_of`; delta-rs evaluates no expression when it
+commits files written elsewhere, and could not parse `DIV` if it did). A first load whose
+spilled rows need deduplication goes to Spark: deduplicating them here would bring a whole
+vbucket into memory, past the staging budget.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from replicator.delta.changes import concat_changes
 from replicator.delta.commit_metadata import CommitMetadata, txn_app_id
 from replicator.delta.schema import DATA_COLUMNS, DataLayout
 from replicator.planning.planner import VbucketCommit, deduplicate_changes
@@ -51,7 +52,7 @@ ARROW_DATA_SCHEMA = pa.schema([CHANGE_SCHEMA.field(name) for name in DATA_COLUMN
 WRITER_FEATURES = frozenset(
     {"appendOnly", "changeDataFeed", "deletionVectors", "generatedColumns", "invariants"}
 )
-"""Delta writer features of tables delta-rs was tested appending to (those a mirror gets)."""
+"""Delta writer features of the tables this module was tested on (those a mirror gets)."""
 
 FILE_BYTES = 256 * 1024 * 1024
 """A data file is closed once this many bytes of Arrow rows went into it."""
@@ -67,10 +68,8 @@ SPILL_BATCH_ROWS = 16_384
 
 
 def arrow_append_refusal(path: str, layouts: Sequence[DataLayout]) -> str | None:
-    """Why delta-rs cannot append first loads to the data table at `path` (None: it can).
-
-    `layouts` are the layouts whose generated column delta-rs evaluates like Spark (today's).
-    """
+    """Why first loads cannot be appended from Arrow to the data table at `path` (None: they
+    can). `layouts` are those whose generated partition column this module computes."""
     from deltalake import DeltaTable
 
     if urlparse(path).scheme not in ("", "file"):
@@ -117,7 +116,7 @@ def first_load_batches(commits: Sequence[VbucketCommit]) -> Iterator[pa.RecordBa
         raise ValueError("spilled rows that need deduplication cannot be streamed")
     for commit in sorted(commits, key=lambda c: c.vbucket):
         dropped = pa.array(sorted(set(commit.dropped_collection_ids)), pa.int64())
-        in_memory = _concat(commit.tables)
+        in_memory = concat_changes(commit.tables)
         if not commit.unique_keys:
             in_memory = deduplicate_changes(in_memory)
         if in_memory.num_rows:
@@ -221,9 +220,18 @@ class ArrowAppender:
                 ),
             )
         except BaseException:
-            files.discard()  # never committed: nothing refers to them
+            # Files of a commit that did not land are referred to by nothing; those of one
+            # that landed before the error (a post-commit step) are the table's now.
+            if self._landed_version(before, app_id, metadata.txn_version) is None:
+                files.discard()
             raise
-        version, log_file = self._landed_version(before, app_id, metadata.txn_version)
+        landed = self._landed_version(before, app_id, metadata.txn_version)
+        if landed is None:
+            raise RuntimeError(
+                f"delta-rs committed txn {metadata.txn_version} of {app_id}, but no version "
+                f"after {before} holds it"
+            )
+        version, log_file = landed
         table.load_as_version(version)
         return AppendedCommit(
             version,
@@ -231,9 +239,11 @@ class ArrowAppender:
             len(table.file_uris()),
         )
 
-    def _landed_version(self, before: int, app_id: str, txn_version: int) -> tuple[int, str]:
+    def _landed_version(
+        self, before: int, app_id: str, txn_version: int
+    ) -> tuple[int, str] | None:
         """The version our commit took, and its log file: the first after `before` carrying
-        our txn (another writer may have committed since)."""
+        our txn (another writer may have committed since); None when none does."""
         log = os.path.join(_local_path(self.path), "_delta_log")
         version = before + 1
         while os.path.exists(path := os.path.join(log, f"{version:020d}.json")):
@@ -243,10 +253,7 @@ class ArrowAppender:
                     if txn and txn.get("appId") == app_id and txn.get("version") == txn_version:
                         return version, path
             version += 1
-        raise RuntimeError(
-            f"delta-rs committed txn {txn_version} of {app_id}, but no version after {before} "
-            "holds it"
-        )
+        return None
 
 
 class PartitionFiles:
@@ -402,7 +409,3 @@ def _upserts(rows: pa.Table, dropped: pa.Array) -> pa.Table:
         keep = pc.and_(keep, pc.invert(pc.is_in(rows["collection_id"], value_set=dropped)))
     return rows.filter(keep).select(list(DATA_COLUMNS))
 
-
-def _concat(tables: Sequence[pa.Table]) -> pa.Table:
-    parts = [t.cast(CHANGE_SCHEMA) if t.schema != CHANGE_SCHEMA else t for t in tables]
-    return pa.concat_tables(parts) if parts else CHANGE_SCHEMA.empty_table()

@@ -47,14 +47,14 @@ def change_rows(spark: SparkSession, commits: Sequence[VbucketCommit]) -> DataFr
         else:
             (unique if commit.unique_keys else repeating).extend(commit.tables)
     frames: list[DataFrame] = []
-    in_memory = _concat([deduplicate_changes(_concat(repeating)), *unique])
+    in_memory = concat_changes([deduplicate_changes(concat_changes(repeating)), *unique])
     if in_memory.num_rows:
         frames.append(arrow_frame(spark, in_memory))
     for unique_keys, (tables, files) in spilled.items():
         if not files:
             continue
         parts = [spark.read.schema(CHANGE_SCHEMA).parquet(*_uris(files))]
-        in_memory_part = _concat(tables)
+        in_memory_part = concat_changes(tables)
         if in_memory_part.num_rows:
             parts.append(arrow_frame(spark, in_memory_part))
         frame = union_frames(parts)
@@ -105,7 +105,8 @@ def dropped_collection_rows(
     return frames
 
 
-def _concat(tables: Iterable[pa.Table]) -> pa.Table:
+def concat_changes(tables: Iterable[pa.Table]) -> pa.Table:
+    """Staged tables as one table of the staging schema (tables of older runs are cast)."""
     parts = [t.cast(ARROW_CHANGE_SCHEMA) if t.schema != ARROW_CHANGE_SCHEMA else t for t in tables]
     if not parts:
         return ARROW_CHANGE_SCHEMA.empty_table()

