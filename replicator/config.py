@@ -20,8 +20,9 @@ from replicator.dcp.transport.options import BACKFILL_ORDERS
 from replicator.errors import ConfigError
 
 FIRST_LOAD_WRITERS = ("auto", "spark")
-"""Who appends first loads: `auto` is delta-rs where the data table allows it
-(replicator.delta.arrow_append), Spark elsewhere; `spark` is always Spark."""
+"""Who appends first loads: `auto` is the Arrow path (pyarrow's files, delta-rs's commit;
+replicator.delta.arrow_append) where the data table allows it, Spark elsewhere; `spark` is
+always Spark."""
 
 ENV_PREFIX = "REPLICATOR_"
 

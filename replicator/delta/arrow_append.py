@@ -287,9 +287,9 @@ class PartitionFiles:
         if not batch.num_rows:
             return
         groups = self._groups(batch)
-        first, last = groups[0].as_py(), groups[-1].as_py()
-        if first == last:
-            self._write_group(first, batch)
+        low, high = (bound.as_py() for bound in pc.min_max(groups).values())
+        if low == high:
+            self._write_group(low, batch)
             return
         for group in pc.unique(groups).to_pylist():
             self._write_group(group, batch.filter(pc.equal(groups, group)))

@@ -89,6 +89,25 @@ def test_spilled_rows_that_may_repeat_keys_cannot_be_streamed(tmp_path: Path) ->
         next(first_load_batches([repeating]))
 
 
+def test_rows_of_a_batch_go_to_their_own_partitions_files_in_any_order(tmp_path: Path) -> None:
+    from replicator.delta.arrow_append import ARROW_DATA_SCHEMA, PartitionFiles
+
+    changes = [upsert(vb, f"k{vb}", 1) for vb in (4, 9, 1, 5)]  # groups 1, 2, 0, 1 of width 4
+    rows = change_table(changes).select(ARROW_DATA_SCHEMA.names).to_batches()[0]
+    files = PartitionFiles(str(tmp_path), DataLayout(4), 1 << 20, 1 << 20)
+    files.write(rows)
+    actions = files.close()
+    found = {}
+    for action in actions:
+        vbuckets = pq.read_table(tmp_path / action.path)["vbucket"].to_pylist()
+        found.setdefault(action.partition_values["vbucket_group"], []).extend(vbuckets)
+        assert json.loads(action.stats)["numRecords"] == len(vbuckets)
+    assert {group: sorted(vbs) for group, vbs in found.items()} == {
+        "0": [1], "1": [4, 5], "2": [9]
+    }
+    assert files.rows == 4
+
+
 # -- through Delta ------------------------------------------------------------------------
 
 @pytest.fixture
