@@ -61,6 +61,14 @@ def first_load_commits(tmp_path: Path) -> list[VbucketCommit]:
     ]  # fmt: skip
 
 
+def append_metadata(claim: Any, batch_id: int, commits: list[VbucketCommit]) -> CommitMetadata:
+    """The metadata of an APPEND of `commits` as the executor would make it."""
+    return CommitMetadata(
+        kind="commit", batch_id=batch_id, part=0, owner_id=claim.owner_id, strategy="append",
+        positions={c.vbucket: c.position for c in commits},
+    )  # fmt: skip
+
+
 # -- the rows (no Spark) -------------------------------------------------------------------
 
 
@@ -175,10 +183,7 @@ def test_an_append_whose_txn_version_is_recorded_commits_nothing(
 ) -> None:
     mirror, _owners, claim = new_mirror
     commits = first_load_commits(tmp_path)[:1]
-    metadata = CommitMetadata(
-        kind="commit", batch_id=7, part=0, owner_id=claim.owner_id, strategy="append",
-        positions={1: commits[0].position},
-    )  # fmt: skip
+    metadata = append_metadata(claim, 7, commits)
     appender = ArrowAppender(mirror.layout.data, mirror.data_layout)
     landed = appender.append(first_load_batches(commits), metadata)
     assert landed is not None
@@ -203,10 +208,7 @@ def test_files_roll_by_partition_and_size_and_their_statistics_bound_their_rows(
                                    for i in range(60)], seqno=60, first_load=True))
         for vb in range(2, 19)
     ]  # fmt: skip
-    metadata = CommitMetadata(
-        kind="commit", batch_id=3, part=0, owner_id=claim.owner_id, strategy="append",
-        positions={c.vbucket: c.position for c in commits},
-    )  # fmt: skip
+    metadata = append_metadata(claim, 3, commits)
     appender = ArrowAppender(
         mirror.layout.data, mirror.data_layout, file_bytes=12_000, row_group_bytes=5_000
     )
@@ -245,10 +247,7 @@ def test_a_failed_append_leaves_no_file_and_no_commit(
         yield from first_load_batches(commits[:2])
         raise OSError("the disk is full")
 
-    metadata = CommitMetadata(
-        kind="commit", batch_id=4, part=0, owner_id=claim.owner_id, strategy="append",
-        positions={c.vbucket: c.position for c in commits},
-    )  # fmt: skip
+    metadata = append_metadata(claim, 4, commits)
     appender = ArrowAppender(mirror.layout.data, mirror.data_layout, row_group_bytes=1)
     with pytest.raises(OSError, match="disk is full"):
         appender.append(failing(), metadata)
@@ -274,10 +273,7 @@ def test_the_version_reported_is_the_appends_own_when_another_writer_follows_at_
 
     monkeypatch.setattr(DeltaTable, "create_write_transaction", and_another_writer)
     commits = first_load_commits(tmp_path)[:1]
-    metadata = CommitMetadata(
-        kind="commit", batch_id=5, part=0, owner_id=claim.owner_id, strategy="append",
-        positions={1: commits[0].position},
-    )  # fmt: skip
+    metadata = append_metadata(claim, 5, commits)
     landed = ArrowAppender(mirror.layout.data, mirror.data_layout).append(
         first_load_batches(commits), metadata
     )
@@ -302,10 +298,7 @@ def test_an_error_after_the_commit_landed_keeps_its_files(
 
     monkeypatch.setattr(DeltaTable, "create_write_transaction", commit_then_fail)
     commits = first_load_commits(tmp_path)[:1]
-    metadata = CommitMetadata(
-        kind="commit", batch_id=6, part=0, owner_id=claim.owner_id, strategy="append",
-        positions={1: commits[0].position},
-    )  # fmt: skip
+    metadata = append_metadata(claim, 6, commits)
     with pytest.raises(OSError, match="post-commit"):
         ArrowAppender(mirror.layout.data, mirror.data_layout).append(
             first_load_batches(commits), metadata
