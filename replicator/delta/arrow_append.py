@@ -67,14 +67,18 @@ SPILL_BATCH_ROWS = 16_384
 """Rows read from a spill file at a time: memory stays a row group's, not the file's."""
 
 
-def arrow_append_refusal(path: str, layouts: Sequence[DataLayout]) -> str | None:
+def arrow_append_refusal(
+    path: str, layouts: Sequence[DataLayout], table: DeltaTable | None = None
+) -> str | None:
     """Why first loads cannot be appended from Arrow to the data table at `path` (None: they
-    can). `layouts` are those whose generated partition column this module computes."""
+    can). `layouts` are those whose generated partition column this module computes; `table`
+    is the table at `path` when the caller opened it already."""
     from deltalake import DeltaTable
 
     if urlparse(path).scheme not in ("", "file"):
         return "the table is not on the local filesystem"
-    table = DeltaTable(path)
+    if table is None:
+        table = DeltaTable(path)
     protocol = table.protocol()
     unknown = sorted(set(protocol.writer_features or ()) - WRITER_FEATURES)
     if protocol.min_writer_version > 7 or unknown:
@@ -90,15 +94,21 @@ def arrow_append_refusal(path: str, layouts: Sequence[DataLayout]) -> str | None
 def arrow_appender_for(path: str, layout: DataLayout, writer: str) -> ArrowAppender | None:
     """The appender of first loads to the data table at `path` (of `layout`), or None when
     Spark appends them: `writer` (FIRST_LOAD_WRITERS) says spark, or delta-rs cannot. Logged."""
-    refusal = (
-        "first_load_writer is spark" if writer == "spark"
-        else arrow_append_refusal(path, [layout])
-    )  # fmt: skip
+    from deltalake import DeltaTable
+
+    table = None
+    if writer == "spark":
+        refusal: str | None = "first_load_writer is spark"
+    else:
+        if urlparse(path).scheme in ("", "file"):
+            # Opened once: the appender's first append only updates the table the check read.
+            table = DeltaTable(path)
+        refusal = arrow_append_refusal(path, [layout], table)
     if refusal is not None:
         _log.info("first loads are appended by Spark: %s", refusal)
         return None
     _log.info("first loads are appended from Arrow, committed by delta-rs")
-    return ArrowAppender(path, layout)
+    return ArrowAppender(path, layout, table=table)
 
 
 def streamable(commits: Sequence[VbucketCommit]) -> bool:
@@ -158,12 +168,13 @@ class ArrowAppender:
         *,
         file_bytes: int = FILE_BYTES,
         row_group_bytes: int = ROW_GROUP_BYTES,
+        table: DeltaTable | None = None,
     ) -> None:
         self.path = path
         self.layout = layout
         self.file_bytes = file_bytes
         self.row_group_bytes = row_group_bytes
-        self._table: DeltaTable | None = None
+        self._table = table
 
     def append(
         self, batches: Iterator[pa.RecordBatch], metadata: CommitMetadata

@@ -19,6 +19,7 @@ from chispa import assert_df_equality
 from replicator.delta.arrow_append import (
     ArrowAppender,
     arrow_append_refusal,
+    arrow_appender_for,
     first_load_batches,
     streamable,
 )
@@ -194,6 +195,25 @@ def test_an_append_whose_txn_version_is_recorded_commits_nothing(
     assert mirror.read().count() == 50
     txn = {t.appId(): t.version() for t in _list(delta_snapshot(spark, mirror.layout.data))}
     assert txn[next(iter(txn))] == metadata.txn_version
+
+
+@pytest.mark.spark
+def test_an_appender_decided_early_sees_commits_made_before_its_first_append(
+    spark: Any, tmp_path: Path, new_mirror: Any
+) -> None:
+    mirror, _owners, claim = new_mirror
+    decided = arrow_appender_for(mirror.layout.data, mirror.data_layout, "auto")
+    assert decided is not None
+    commits = first_load_commits(tmp_path)[:1]
+    metadata = append_metadata(claim, 8, commits)
+    # Another process of the same owner commits this batch after the decision.
+    landed = ArrowAppender(mirror.layout.data, mirror.data_layout).append(
+        first_load_batches(commits), metadata
+    )
+    assert landed is not None
+    assert decided.append(first_load_batches(commits), metadata) is None
+    assert delta_snapshot(spark, mirror.layout.data).version() == landed.version
+    assert mirror.read().count() == 50
 
 
 @pytest.mark.spark
