@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -275,23 +275,42 @@ def test_a_failed_append_leaves_no_file_and_no_commit(
     assert not list(Path(mirror.layout.data).glob("*/*.parquet"))
 
 
+CommitStep = Callable[[Callable[..., None]], None]
+
+
+@pytest.fixture
+def after_each_delta_rs_commit(monkeypatch: pytest.MonkeyPatch) -> Callable[[CommitStep], None]:
+    """Installs a step run right after each delta-rs commit lands; the step is given the
+    original commit function (to commit as another writer would)."""
+    from deltalake import DeltaTable
+
+    original = DeltaTable.create_write_transaction
+
+    def install(step: CommitStep) -> None:
+        def commit_then_step(table: Any, *args: Any, **kwargs: Any) -> None:
+            original(table, *args, **kwargs)
+            step(original)
+
+        monkeypatch.setattr(DeltaTable, "create_write_transaction", commit_then_step)
+
+    return install
+
+
 @pytest.mark.spark
 def test_the_version_reported_is_the_appends_own_when_another_writer_follows_at_once(
-    spark: Any, tmp_path: Path, new_mirror: Any, monkeypatch: pytest.MonkeyPatch
+    spark: Any, tmp_path: Path, new_mirror: Any, after_each_delta_rs_commit: Any
 ) -> None:
     from deltalake import DeltaTable
     from deltalake.transaction import CommitProperties, Transaction
 
     mirror, _owners, claim = new_mirror
-    original = DeltaTable.create_write_transaction
 
-    def and_another_writer(table: Any, *args: Any, **kwargs: Any) -> None:
-        original(table, *args, **kwargs)
+    def another_writer(commit: Callable[..., None]) -> None:
         other = DeltaTable(mirror.layout.data)
-        original(other, [], "append", other.schema(), commit_properties=CommitProperties(
+        commit(other, [], "append", other.schema(), commit_properties=CommitProperties(
             app_transactions=[Transaction(app_id="another-writer", version=1)]))
 
-    monkeypatch.setattr(DeltaTable, "create_write_transaction", and_another_writer)
+    after_each_delta_rs_commit(another_writer)
     commits = first_load_commits(tmp_path)[:1]
     metadata = append_metadata(claim, 5, commits)
     landed = ArrowAppender(mirror.layout.data, mirror.data_layout).append(
@@ -305,18 +324,15 @@ def test_the_version_reported_is_the_appends_own_when_another_writer_follows_at_
 
 @pytest.mark.spark
 def test_an_error_after_the_commit_landed_keeps_its_files(
-    spark: Any, tmp_path: Path, new_mirror: Any, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, new_mirror: Any, after_each_delta_rs_commit: Any,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from deltalake import DeltaTable
-
     mirror, _owners, claim = new_mirror
-    original = DeltaTable.create_write_transaction
 
-    def commit_then_fail(table: Any, *args: Any, **kwargs: Any) -> None:
-        original(table, *args, **kwargs)
+    def fail(_commit: Callable[..., None]) -> None:
         raise OSError("a post-commit step failed")
 
-    monkeypatch.setattr(DeltaTable, "create_write_transaction", commit_then_fail)
+    after_each_delta_rs_commit(fail)
     commits = first_load_commits(tmp_path)[:1]
     metadata = append_metadata(claim, 6, commits)
     with pytest.raises(OSError, match="post-commit"):
