@@ -18,7 +18,7 @@ from replicator.planning.planner import CommitBatch, without_vbucket
 
 if TYPE_CHECKING:
     from replicator.delta.compaction import Compactor
-    from replicator.delta.executor import CommitExecutor
+    from replicator.delta.executor import CommitExecutor, DataCommit
     from replicator.delta.ownership import OwnerClaim, OwnersTable
     from replicator.delta.retention import MetadataPruner
     from replicator.delta.table import MirrorTable
@@ -86,13 +86,14 @@ class DeltaMirrorStore:
         steady = batch
         for vbucket in resyncs:
             steady = without_vbucket(steady, vbucket)
-        outcome = None
+        last: DataCommit | None = None
         if not steady.is_empty:
             numbered = dataclasses.replace(steady, batch_id=self.next_batch_id)
             outcome = self._executor.execute(numbered)
+            last = outcome.commits[-1] if outcome.commits else None
             self.next_batch_id += 1
         if resyncs:
-            replace_vbuckets(
+            last = replace_vbuckets(
                 self._executor, [batch.commit_for(vb) for vb in resyncs],
                 batch_id=self.next_batch_id,
                 reasons={vb: self._resync_reasons.pop(vb, "full resync") for vb in resyncs},
@@ -100,9 +101,9 @@ class DeltaMirrorStore:
             self.next_batch_id += 1
         if self._compactor is not None:
             if all(commit.first_load for commit in batch.commits):
-                # Appends write healthy files; the files counted by the writer, when it did.
-                landed = outcome.commits[-1].table_files if outcome and outcome.commits else None
-                self._compactor.note_appended(landed)
+                # Appends write healthy files; the table's files as the last commit's writer
+                # counted them, whatever its kind (recounted when it did not count them).
+                self._compactor.note_appended(last.table_files if last else None)
             else:
                 self._compactor.compact_if_due()
         # Checked only right after a flush (the table grows by flushes; the check reads its

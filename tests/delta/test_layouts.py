@@ -17,6 +17,7 @@ from replicator.delta.executor import CommitExecutor, WriteStrategy
 from replicator.delta.ownership import OwnersTable
 from replicator.delta.rollback import plan_rollback, rollback_vbucket
 from replicator.delta.schema import DATA_SCHEMA, DataLayout, MirrorConfig
+from replicator.delta.store import DeltaMirrorStore
 from replicator.delta.table import open_or_create
 from replicator.model.positions import FailoverLog
 from tests.delta.helpers import UUID, batch, delete, documents, upsert, vbucket_commit
@@ -202,4 +203,31 @@ def test_files_appends_add_do_not_make_a_compaction_due(spark: Any, tmp_path: Pa
         for vb in (0, 1)
     )))  # fmt: skip
     assert compactor.due()  # the MERGE's small files
+    owners.release(claim)
+
+
+def test_a_resync_after_a_first_loads_append_counts_in_the_compaction_baseline(
+    spark: Any, tmp_path: Path
+) -> None:
+    # The append's writer counts the table's files; a resync committed after it in the same
+    # batch adds files of its own, which must not make a compaction due at once (vbuckets 0
+    # and 1 share partition 0, allowed one file more).
+    mirror = open_or_create(spark, str(tmp_path / "both"), MirrorConfig("travel", num_vbuckets=64))
+    owners = OwnersTable.of(mirror)
+    claim = owners.claim((0, 1))
+    executor = CommitExecutor(mirror, claim, owners)
+    compactor = Compactor(mirror, claim.vbuckets, CompactionPolicy(files_per_partition=1))
+    store = DeltaMirrorStore(executor, owners, claim, compactor=compactor)
+    store.commit(batch(1, *(
+        vbucket_commit(vb, [upsert(vb, f"k{i}", i + 1) for i in range(20)], seqno=20,
+                       first_load=True)
+        for vb in (0, 1)
+    )), replace=frozenset({1}))  # fmt: skip
+    history = mirror.delta().history().orderBy("version").collect()
+    assert [CommitMetadata.from_json(h["userMetadata"]).strategy
+            for h in history if h["userMetadata"]] == ["append", "replace"]  # fmt: skip
+    assert not compactor.due()
+    assert documents(mirror, [0, 1]) == {
+        (vb, f"k{i}", i + 1, f'{{"v":{i + 1}}}') for vb in (0, 1) for i in range(20)
+    }
     owners.release(claim)
