@@ -67,48 +67,46 @@ SPILL_BATCH_ROWS = 16_384
 """Rows read from a spill file at a time: memory stays a row group's, not the file's."""
 
 
-def arrow_append_refusal(
-    path: str, layouts: Sequence[DataLayout], table: DeltaTable | None = None
-) -> str | None:
+def arrow_append_refusal(path: str, layouts: Sequence[DataLayout]) -> str | None:
     """Why first loads cannot be appended from Arrow to the data table at `path` (None: they
-    can). `layouts` are those whose generated partition column this module computes; `table`
-    is the table at `path` when the caller opened it already."""
-    from deltalake import DeltaTable
-
-    if urlparse(path).scheme not in ("", "file"):
-        return "the table is not on the local filesystem"
-    if table is None:
-        table = DeltaTable(path)
-    protocol = table.protocol()
-    unknown = sorted(set(protocol.writer_features or ()) - WRITER_FEATURES)
-    if protocol.min_writer_version > 7 or unknown:
-        return f"writer features {unknown} (writer version {protocol.min_writer_version})"
-    known = {layout.generation_expression() for layout in layouts if layout.group_width}
-    for field in table.schema().fields:
-        expression = field.metadata.get("delta.generationExpression")
-        if expression is not None and expression not in known:
-            return f"column {field.name} is generated as {expression}"
-    return None
+    can). `layouts` are those whose generated partition column this module computes."""
+    return _checked(path, layouts)[0]
 
 
 def arrow_appender_for(path: str, layout: DataLayout, writer: str) -> ArrowAppender | None:
     """The appender of first loads to the data table at `path` (of `layout`), or None when
     Spark appends them: `writer` (FIRST_LOAD_WRITERS) says spark, or delta-rs cannot. Logged."""
-    from deltalake import DeltaTable
-
-    table = None
+    refusal: str | None
+    table: DeltaTable | None
     if writer == "spark":
-        refusal: str | None = "first_load_writer is spark"
+        refusal, table = "first_load_writer is spark", None
     else:
-        if urlparse(path).scheme in ("", "file"):
-            # Opened once: the appender's first append only updates the table the check read.
-            table = DeltaTable(path)
-        refusal = arrow_append_refusal(path, [layout], table)
-    if refusal is not None:
+        refusal, table = _checked(path, [layout])
+    if refusal is not None or table is None:
         _log.info("first loads are appended by Spark: %s", refusal)
         return None
     _log.info("first loads are appended from Arrow, committed by delta-rs")
+    # The table the check opened: the first append only brings it up to date.
     return ArrowAppender(path, layout, table=table)
+
+
+def _checked(path: str, layouts: Sequence[DataLayout]) -> tuple[str | None, DeltaTable | None]:
+    """`arrow_append_refusal`'s answer, and the table it opened (None if it opened none)."""
+    from deltalake import DeltaTable
+
+    if urlparse(path).scheme not in ("", "file"):
+        return "the table is not on the local filesystem", None
+    table = DeltaTable(path)
+    protocol = table.protocol()
+    unknown = sorted(set(protocol.writer_features or ()) - WRITER_FEATURES)
+    if protocol.min_writer_version > 7 or unknown:
+        return f"writer features {unknown} (writer version {protocol.min_writer_version})", table
+    known = {layout.generation_expression() for layout in layouts if layout.group_width}
+    for field in table.schema().fields:
+        expression = field.metadata.get("delta.generationExpression")
+        if expression is not None and expression not in known:
+            return f"column {field.name} is generated as {expression}", table
+    return None, table
 
 
 def streamable(commits: Sequence[VbucketCommit]) -> bool:
