@@ -87,17 +87,21 @@ class DeltaMirrorStore:
         for vbucket in resyncs:
             steady = without_vbucket(steady, vbucket)
         last: DataCommit | None = None
-        if not steady.is_empty:
-            numbered = dataclasses.replace(steady, batch_id=self.next_batch_id)
-            outcome = self._executor.execute(numbered)
-            last = outcome.commits[-1] if outcome.commits else None
-            self.next_batch_id += 1
         if resyncs:
+            # First: a vbucket awaiting a resync holds rows known to be wrong, and the steady
+            # part's MERGE may take long enough for a crash to postpone the repair again.
             last = replace_vbuckets(
                 self._executor, [batch.commit_for(vb) for vb in resyncs],
                 batch_id=self.next_batch_id,
-                reasons={vb: self._resync_reasons.pop(vb, "full resync") for vb in resyncs},
+                reasons={vb: self._resync_reasons.get(vb, "full resync") for vb in resyncs},
             )
+            for vbucket in resyncs:
+                self._resync_reasons.pop(vbucket, None)
+            self.next_batch_id += 1
+        if not steady.is_empty:
+            numbered = dataclasses.replace(steady, batch_id=self.next_batch_id)
+            outcome = self._executor.execute(numbered)
+            last = outcome.commits[-1] if outcome.commits else last
             self.next_batch_id += 1
         if self._compactor is not None:
             if all(commit.first_load for commit in batch.commits):

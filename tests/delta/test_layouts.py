@@ -206,12 +206,12 @@ def test_files_appends_add_do_not_make_a_compaction_due(spark: Any, tmp_path: Pa
     owners.release(claim)
 
 
-def test_a_resync_after_a_first_loads_append_counts_in_the_compaction_baseline(
+def test_a_batch_s_resync_and_first_loads_append_both_count_in_the_compaction_baseline(
     spark: Any, tmp_path: Path
 ) -> None:
-    # The append's writer counts the table's files; a resync committed after it in the same
-    # batch adds files of its own, which must not make a compaction due at once (vbuckets 0
-    # and 1 share partition 0, allowed one file more).
+    # A resync commits first, then the append, whose writer counts the table's files, the
+    # resync's included: neither may make a compaction due at once (vbuckets 0 and 1 share
+    # partition 0, allowed one file more).
     mirror = open_or_create(spark, str(tmp_path / "both"), MirrorConfig("travel", num_vbuckets=64))
     owners = OwnersTable.of(mirror)
     claim = owners.claim((0, 1))
@@ -225,9 +225,66 @@ def test_a_resync_after_a_first_loads_append_counts_in_the_compaction_baseline(
     )), replace=frozenset({1}))  # fmt: skip
     history = mirror.delta().history().orderBy("version").collect()
     assert [CommitMetadata.from_json(h["userMetadata"]).strategy
-            for h in history if h["userMetadata"]] == ["append", "replace"]  # fmt: skip
+            for h in history if h["userMetadata"]] == ["replace", "append"]  # fmt: skip
     assert not compactor.due()
     assert documents(mirror, [0, 1]) == {
         (vb, f"k{i}", i + 1, f'{{"v":{i + 1}}}') for vb in (0, 1) for i in range(20)
     }
+    owners.release(claim)
+
+
+class _SteadyCommitFails(CommitExecutor):
+    """An executor whose group commits fail: what a crash during a batch's MERGE leaves."""
+
+    def execute(self, batch: Any) -> Any:
+        raise RuntimeError("the steady part's commit failed")
+
+
+def test_a_batch_s_resync_lands_before_its_steady_part(spark: Any, tmp_path: Path) -> None:
+    # A vbucket awaiting a resync holds rows known to be wrong: its repair must not wait on
+    # the batch's other vbuckets, whose MERGE a crash may interrupt.
+    mirror = open_or_create(spark, str(tmp_path / "first"), MirrorConfig("travel", num_vbuckets=8))
+    owners = OwnersTable.of(mirror)
+    claim = owners.claim((0, 1))
+    store = DeltaMirrorStore(_SteadyCommitFails(mirror, claim, owners), owners, claim)
+    with pytest.raises(RuntimeError, match="steady part"):
+        store.commit(batch(1, *(
+            vbucket_commit(vb, [upsert(vb, f"k{i}", i + 1) for i in range(5)], seqno=5,
+                           first_load=True)
+            for vb in (0, 1)
+        )), replace=frozenset({1}))  # fmt: skip
+    assert documents(mirror, [0, 1]) == {(1, f"k{i}", i + 1, f'{{"v":{i + 1}}}') for i in range(5)}
+    owners.release(claim)
+
+
+class _FirstReplaceFails(CommitExecutor):
+    """An executor whose first REPLACE fails before committing anything."""
+
+    failed = False
+
+    def replace_rows(self, *args: Any, **kwargs: Any) -> Any:
+        if not self.failed:
+            self.failed = True
+            raise RuntimeError("the resync's commit failed")
+        return super().replace_rows(*args, **kwargs)
+
+
+def test_a_resync_that_failed_keeps_its_reason_for_the_next_attempt(
+    spark: Any, tmp_path: Path
+) -> None:
+    mirror = open_or_create(spark, str(tmp_path / "again"), MirrorConfig("travel", num_vbuckets=8))
+    owners = OwnersTable.of(mirror)
+    claim = owners.claim((1,))
+    store = DeltaMirrorStore(_FirstReplaceFails(mirror, claim, owners), owners, claim)
+    store._resync_reasons[1] = "history purged past seqno 7"
+    resync = batch(1, vbucket_commit(1, [upsert(1, "k", 3)], seqno=3, first_load=True))
+    with pytest.raises(RuntimeError, match="resync"):
+        store.commit(resync, replace=frozenset({1}))
+    store.commit(resync, replace=frozenset({1}))
+    [replace] = [
+        CommitMetadata.from_json(h["userMetadata"])
+        for h in mirror.delta().history().collect()
+        if h["userMetadata"]
+    ]
+    assert replace is not None and replace.details["reason"] == "history purged past seqno 7"
     owners.release(claim)
