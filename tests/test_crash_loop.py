@@ -95,6 +95,7 @@ def test_sigkills_lose_nothing_and_apply_nothing_twice(
     assert report.failovers == 1 and report.purges == 1
     assert report.rollbacks_seen >= 1, "the failover must have rolled a vbucket back"
     assert report.resyncs_seen >= 1, "the purge must have forced a full resync"
+    assert report.resynced_vbuckets >= report.purged_vbuckets == 1
     assert {STARTUP, INITIAL_LOAD, STEADY} <= set(report.kills_by_phase), report.kills_by_phase
     # Every kill after a commit waited for a new table version first.
     assert report.versions_checked >= (

@@ -56,6 +56,9 @@ class AuditProgress:
     changes_applied: int
     rollbacks_seen: int
     resyncs_seen: int
+    rolled_back_vbuckets: int
+    """Vbuckets the rollback commits named (a failover's rollbacks share one commit)."""
+    resynced_vbuckets: int
 
 
 def expected_row(record: DocumentRecord) -> MirrorRow:
@@ -102,6 +105,7 @@ class MirrorAudit:
         self._committed: dict[int, list[int]] = {}
         """Per vbucket, the seqnos its commits reached on the producer's current branch."""
         self._kinds: Counter[str] = Counter()
+        self._vbuckets_by_kind: Counter[str] = Counter()
         self._versions_checked = 0
         self._changes_applied = 0
 
@@ -109,7 +113,7 @@ class MirrorAudit:
     def progress(self) -> AuditProgress:
         return AuditProgress(
             self._versions_checked, self._changes_applied, self._kinds[ROLLBACK],
-            self._kinds[RESYNC],
+            self._kinds[RESYNC], self._vbuckets_by_kind[ROLLBACK], self._vbuckets_by_kind[RESYNC],
         )
 
     def committed_seqnos(self) -> dict[int, int]:
@@ -194,6 +198,7 @@ class MirrorAudit:
                 }
         if metadata is not None:
             self._kinds[metadata.kind] += 1
+            self._vbuckets_by_kind[metadata.kind] += len(metadata.positions)
             for vbucket, position in sorted(metadata.positions.items()):
                 self._check_vbucket(where, vbucket, position.vbucket_uuid, position.seqno)
                 history = self._committed.setdefault(vbucket, [])

@@ -177,6 +177,7 @@ class CrashLoop:
         self._graceful = 0
         self._failovers = 0
         self._purges = 0
+        self._purged_vbuckets: set[int] = set()
 
     def run(self) -> CrashLoopReport:
         """Load, kill and restart `kills` times, inject the faults, catch up, compare."""
@@ -226,8 +227,11 @@ class CrashLoop:
             versions_checked=progress.versions_checked,
             failovers=self._failovers,
             purges=self._purges,
+            purged_vbuckets=len(self._purged_vbuckets),
             rollbacks_seen=progress.rollbacks_seen,
             resyncs_seen=progress.resyncs_seen,
+            rolled_back_vbuckets=progress.rolled_back_vbuckets,
+            resynced_vbuckets=progress.resynced_vbuckets,
             changes_applied=progress.changes_applied,
             workload_ops=workload.ops,
             documents_at_end=documents,
@@ -405,6 +409,7 @@ class CrashLoop:
                 bucket.delete(victim.key, collection=victim.collection)
                 cluster.purge_tombstones(vbucket)
                 self._purges += 1
+                self._purged_vbuckets.add(vbucket)
             workload.start()
             schedule.remove(entry)
             injected = True

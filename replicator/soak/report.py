@@ -21,8 +21,12 @@ class CrashLoopReport:
     versions_checked: int
     failovers: int
     purges: int
+    purged_vbuckets: int
+    """Distinct vbuckets purged: each must have been resynced."""
     rollbacks_seen: int
     resyncs_seen: int
+    rolled_back_vbuckets: int
+    resynced_vbuckets: int
     changes_applied: int
     workload_ops: int
     documents_at_end: int
@@ -50,9 +54,12 @@ class CrashLoopReport:
             ("graceful stops", str(self.graceful_stops)),
             ("table versions checked", str(self.versions_checked)),
             ("failovers injected", str(self.failovers)),
-            ("tombstone purges injected", str(self.purges)),
-            ("rollbacks in table history", str(self.rollbacks_seen)),
-            ("full resyncs in table history", str(self.resyncs_seen)),
+            ("tombstone purges injected",
+             f"{self.purges} ({_count(self.purged_vbuckets, 'vbucket')})"),
+            ("rollbacks in table history", _commits_of(self.rollbacks_seen,
+                                                       self.rolled_back_vbuckets)),
+            ("full resyncs in table history", _commits_of(self.resyncs_seen,
+                                                          self.resynced_vbuckets)),
             ("changes applied (exactly once)", str(self.changes_applied)),
             ("workload operations", str(self.workload_ops)),
             ("documents at the end", str(self.documents_at_end)),
@@ -63,6 +70,14 @@ class CrashLoopReport:
         ]
         width = max(len(label) for label, _ in lines)
         return "\n".join(f"{label.ljust(width)}  {value}" for label, value in lines)
+
+
+def _commits_of(commits: int, vbuckets: int) -> str:
+    return f"{_count(commits, 'commit')}, {_count(vbuckets, 'vbucket')}"
+
+
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}{'' if number == 1 else 's'}"
 
 
 def _median(values: tuple[float, ...]) -> float:
