@@ -20,6 +20,7 @@ from replicator.dcp.transport.options import BACKFILL_ORDERS
 from replicator.errors import ConfigError
 
 FIRST_LOAD_WRITERS = ("auto", "spark")
+STEADY_WRITERS = ("spark", "deletion-vectors")
 """Who appends first loads: `auto` is the Arrow path (pyarrow's files, delta-rs's commit;
 replicator.delta.arrow_append) where the data table allows it, Spark elsewhere; `spark` is
 always Spark."""
@@ -164,6 +165,9 @@ class ReplicatorConfig:
     """How often a run asks the producer for its high seqnos: the lag's resolution."""
     first_load_writer: str = "auto"
     """Who appends first loads (FIRST_LOAD_WRITERS)."""
+    steady_writer: str = "spark"
+    """Who commits steady batches (STEADY_WRITERS): Spark's MERGE, or deletion vectors and new
+    files written by the replicator where the table and the batch allow it."""
     history: bool = False
     """Open change streams and keep every revision of collections with history retention in a
     history table beside the mirror (`_replicator/history`)."""
@@ -188,6 +192,11 @@ class ReplicatorConfig:
             raise ConfigError(
                 f"first_load_writer must be one of {', '.join(FIRST_LOAD_WRITERS)}, "
                 f"not {self.first_load_writer!r}"
+            )
+        if self.steady_writer not in STEADY_WRITERS:
+            raise ConfigError(
+                f"steady_writer must be one of {', '.join(STEADY_WRITERS)}, "
+                f"not {self.steady_writer!r}"
             )
         if not 0 <= self.metrics_port <= 65535:
             raise ConfigError("metrics_port must be between 1 and 65535 (0: no endpoint)")

@@ -71,6 +71,7 @@ def test_missing_password_says_where_to_put_it() -> None:
         ("progress = 'fancy'\n", "progress"),
         ("backfill_order = 'random'\n", "backfill_order must be one of round-robin, sequential"),
         ("first_load_writer = 'arrow'\n", "first_load_writer must be one of auto, spark"),
+        ("steady_writer = 'dv'\n", "steady_writer must be one of spark, deletion-vectors"),
         ("vbuckets = '9-3'\n", "invalid vbuckets"),
         ("sasl_mechanism = 'CRAM-MD5'\n", "invalid sasl_mechanism"),
         ("sasl_mechanism = 512\n", "unknown SASL mechanism '512'"),

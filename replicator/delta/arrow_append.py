@@ -36,6 +36,7 @@ import pyarrow.parquet as pq
 
 from replicator.delta.changes import concat_changes
 from replicator.delta.commit_metadata import CommitMetadata, txn_app_id
+from replicator.delta.paths import local_path
 from replicator.delta.schema import DATA_COLUMNS, DataLayout
 from replicator.planning.planner import VbucketCommit, deduplicate_changes
 from replicator.staging.rows import CHANGE_SCHEMA, UPSERT
@@ -198,7 +199,7 @@ class ArrowAppender:
             return None
         before = int(table.version())
         files = PartitionFiles(
-            _local_path(self.path), self.layout, self.file_bytes, self.row_group_bytes
+            local_path(self.path), self.layout, self.file_bytes, self.row_group_bytes
         )
         try:
             for batch in batches:
@@ -253,7 +254,7 @@ class ArrowAppender:
     ) -> tuple[int, str] | None:
         """The version our commit took, and its log file: the first after `before` carrying
         our txn (another writer may have committed since); None when none does."""
-        log = os.path.join(_local_path(self.path), "_delta_log")
+        log = os.path.join(local_path(self.path), "_delta_log")
         version = before + 1
         while os.path.exists(path := os.path.join(log, f"{version:020d}.json")):
             with open(path, encoding="utf-8") as commit:
@@ -405,11 +406,6 @@ class _OpenFile:
             "maxValues": {name: high for name, (_, high) in self.bounds.items()},
             "nullCount": dict(self.nulls),
         }
-
-
-def _local_path(path: str) -> str:
-    parsed = urlparse(path)
-    return parsed.path if parsed.scheme == "file" else path
 
 
 def _upserts(rows: pa.Table, dropped: pa.Array) -> pa.Table:

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from replicator.config import FIRST_LOAD_WRITERS
+from replicator.config import FIRST_LOAD_WRITERS, STEADY_WRITERS
 from replicator.delta.arrow_append import (
     AppendedCommit,
     ArrowAppender,
@@ -57,6 +57,12 @@ from replicator.delta.conflicts import (
     ConflictRetry,
     delta_conflict_name,
     retry_on_conflict,
+)
+from replicator.delta.dv_merge import (
+    DeletionVectorMerger,
+    deletion_vector_merger_for,
+    dv_mergeable,
+    steady_changes,
 )
 from replicator.delta.failover_logs import FailoverLogsTable, carried_failover_logs
 from replicator.delta.ownership import OwnerClaim, OwnersTable
@@ -163,11 +169,14 @@ class CommitExecutor:
         checkpoint_every: int = 1,
         history: HistoryTable | None = None,
         first_load_writer: str = "auto",
+        steady_writer: str = "spark",
     ) -> None:
         if checkpoint_every < 1:
             raise ValueError(f"checkpoint_every must be at least 1, got {checkpoint_every}")
         if first_load_writer not in FIRST_LOAD_WRITERS:
             raise ValueError(f"first_load_writer must be one of {FIRST_LOAD_WRITERS}")
+        if steady_writer not in STEADY_WRITERS:
+            raise ValueError(f"steady_writer must be one of {STEADY_WRITERS}")
         self.mirror = mirror
         self.claim = claim
         self.owners = owners
@@ -184,6 +193,8 @@ class CommitExecutor:
         self.first_load_writer = first_load_writer
         self._appender: ArrowAppender | None = None
         self._appender_decided = False
+        self.steady_writer = steady_writer
+        self._merger: DeletionVectorMerger | None = None
         self._empty_vbuckets: set[int] | None = None
         """Claimed vbuckets known to hold no rows (None until a first load asks): only this
         owner writes them, and every write of ours takes its vbuckets out."""
@@ -329,11 +340,30 @@ class CommitExecutor:
             self._appender_decided = True
         return self._appender
 
-    def _merge(self, commits: Sequence[VbucketCommit], metadata: CommitMetadata) -> None:
+    def _merge(
+        self, commits: Sequence[VbucketCommit], metadata: CommitMetadata
+    ) -> AppendedCommit | None:
+        merger = self._deletion_vector_merger()
+        if merger is not None and dv_mergeable(commits):
+            return merger.merge(steady_changes(commits), metadata)
         source = union_frames(
             [self.change_rows(commits), *dropped_collection_rows(self.mirror, commits)]
         )
         self._merge_source(source, [c.vbucket for c in commits], metadata)
+        return None
+
+    def _deletion_vector_merger(self) -> DeletionVectorMerger | None:
+        """The writer of steady batches as deletion vectors, or None when Spark MERGEs them
+        (decided once, at the first steady batch)."""
+        if self.steady_writer == "spark":
+            return None
+        if self._merger is None:
+            self._merger = deletion_vector_merger_for(
+                self.mirror.layout.data, self.mirror.data_layout
+            )
+            if self._merger is None:
+                self.steady_writer = "spark"
+        return self._merger
 
     def _merge_source(
         self, source: DataFrame, vbuckets: Sequence[int], metadata: CommitMetadata

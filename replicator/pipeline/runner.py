@@ -240,6 +240,7 @@ def run_replication(
         executor = CommitExecutor(
             mirror, claim, owners, fault_hook=fault_hook, checkpoint_every=CHECKPOINT_EVERY,
             history=history, first_load_writer=config.first_load_writer,
+            steady_writer=config.steady_writer,
         )
         store = DeltaMirrorStore(
             executor, owners, claim, compactor=Compactor(mirror, claim.vbuckets),

@@ -1,0 +1,11 @@
+"""Table locations as the replicator is given them (a path or a `file:` URI) on local disk."""
+
+from __future__ import annotations
+
+from urllib.parse import unquote, urlparse
+
+
+def local_path(location: str) -> str:
+    """The local filesystem path of `location`: a plain path as it is, a `file:` URI decoded."""
+    parsed = urlparse(location)
+    return unquote(parsed.path) if parsed.scheme == "file" else location

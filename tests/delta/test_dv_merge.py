@@ -1,0 +1,230 @@
+"""Steady commits written as deletion vectors and new files: the same table, change data feed
+and history as Spark's MERGE of the same batch, exactly once."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+from chispa import assert_df_equality
+
+from replicator.delta.changes import concat_changes
+from replicator.delta.commit_metadata import COMMIT, CommitMetadata
+from replicator.delta.dv_merge import DeletionVectorMerger
+from replicator.delta.executor import CommitExecutor, WriteStrategy
+from replicator.delta.ownership import OwnersTable
+from replicator.delta.schema import MirrorConfig
+from replicator.delta.table import open_or_create
+from replicator.planning.planner import VbucketCommit, deduplicate_changes
+from tests.delta.helpers import batch, delete, upsert, vbucket_commit
+
+pytestmark = pytest.mark.spark
+
+VBUCKETS = (0, 1, 70, 71)  # two partitions of 64 vbuckets
+
+
+def _loaded(spark: Any, path: Path) -> Any:
+    """A mirror of 40 documents per vbucket, loaded and then changed once by Spark's MERGE
+    (so some files carry Spark's deletion vectors already)."""
+    mirror = open_or_create(spark, str(path), MirrorConfig("dv", num_vbuckets=128))
+    owners = OwnersTable.of(mirror)
+    claim = owners.claim(VBUCKETS)
+    executor = CommitExecutor(mirror, claim, owners)
+    executor.execute(batch(1, *(
+        vbucket_commit(vb, [upsert(vb, f"k{i}", i + 1) for i in range(40)], seqno=40,
+                       first_load=True)
+        for vb in VBUCKETS
+    )))  # fmt: skip
+    executor.execute(batch(2, *(
+        vbucket_commit(vb, [upsert(vb, "k3", 41), delete(vb, "k4", 42)], seqno=42,
+                       first_load=False, previous_seqno=40)
+        for vb in VBUCKETS
+    )))  # fmt: skip
+    owners.release(claim)
+    return mirror
+
+
+def _steady_batch() -> list[VbucketCommit]:
+    commits = []
+    for vb in VBUCKETS:
+        changes = [
+            upsert(vb, "k1", 43), upsert(vb, "k1", 44, doc='{"v":"twice"}'),  # newest wins
+            upsert(vb, "k3", 45),  # a row Spark's MERGE wrote
+            delete(vb, "k5", 46), delete(vb, "k4", 47),  # live; deleted already
+            upsert(vb, "k4", 48) if vb == 70 else delete(vb, "never", 48),  # back; never was
+            upsert(vb, f"new{vb}", 49),
+        ]
+        commits.append(vbucket_commit(vb, changes, seqno=49, first_load=False, previous_seqno=42))
+    return commits
+
+
+def _changes(commits: list[VbucketCommit]) -> Any:
+    return deduplicate_changes(concat_changes(t for c in commits for t in c.tables))
+
+
+def test_a_steady_batch_by_deletion_vectors_equals_spark_s_merge(
+    spark: Any, tmp_path: Path
+) -> None:
+    by_spark = _loaded(spark, tmp_path / "spark")
+    shutil.copytree(tmp_path / "spark", tmp_path / "dv")
+    by_hand = open_or_create(spark, str(tmp_path / "dv"), MirrorConfig("dv", num_vbuckets=128))
+    commits = _steady_batch()
+    owners = OwnersTable.of(by_spark)
+    claim = owners.claim(VBUCKETS)
+    CommitExecutor(by_spark, claim, owners).execute(batch(3, *commits))
+    metadata = CommitMetadata(
+        kind=COMMIT, batch_id=3, part=1, owner_id=claim.owner_id,
+        strategy=WriteStrategy.MERGE.value, positions={c.vbucket: c.position for c in commits},
+    )  # fmt: skip
+    merger = DeletionVectorMerger(str(tmp_path / "dv"), by_hand.data_layout)
+
+    landed = merger.merge(_changes(commits), metadata)
+
+    assert landed is not None
+    spark_version = by_spark.delta().history(1).collect()[0]["version"]
+    assert landed.version == spark_version
+    assert_df_equality(by_hand.read(), by_spark.read(), ignore_row_order=True)
+
+    def feed(mirror: Any, version: int) -> Any:
+        return (
+            spark.read.format("delta").option("readChangeFeed", "true")
+            .option("startingVersion", version).option("endingVersion", version)
+            .load(mirror.layout.data).drop("_commit_version", "_commit_timestamp")
+        )  # fmt: skip
+
+    assert_df_equality(
+        feed(by_hand, landed.version), feed(by_spark, spark_version), ignore_row_order=True
+    )
+    [entry] = by_hand.delta().history(1).collect()
+    [spark_entry] = by_spark.delta().history(1).collect()
+    assert entry["operation"] == spark_entry["operation"] == "MERGE"
+    for metric in ("numTargetRowsInserted", "numTargetRowsUpdated", "numTargetRowsDeleted"):
+        assert entry["operationMetrics"][metric] == spark_entry["operationMetrics"][metric]
+    assert CommitMetadata.from_json(entry["userMetadata"]) == metadata
+    found = by_hand.find_commit(claim.owner_id, 3, 1)
+    assert found is not None and found.version == landed.version
+    assert landed.table_files == len(by_hand.read().inputFiles())
+    # Exactly once: the same txn version again commits nothing, here or in a new merger.
+    assert merger.merge(_changes(commits), metadata) is None
+    assert DeletionVectorMerger(str(tmp_path / "dv"), by_hand.data_layout).merge(
+        _changes(commits), metadata
+    ) is None
+    assert by_hand.delta().history(1).collect()[0]["version"] == landed.version
+    owners.release(claim)
+
+
+def test_later_batches_build_on_the_vectors_written_before(spark: Any, tmp_path: Path) -> None:
+    mirror = _loaded(spark, tmp_path / "t")
+    owners = OwnersTable.of(mirror)
+    claim = owners.claim(VBUCKETS)
+    merger = DeletionVectorMerger(str(tmp_path / "t"), mirror.data_layout)
+    expected = {(vb, f"k{i}"): i + 1 for vb in VBUCKETS for i in range(40)}
+    for vb in VBUCKETS:
+        expected[(vb, "k3")] = 41
+        del expected[(vb, "k4")]
+    seqno, batch_id = 42, 3
+    for round_ in range(3):
+        commits = []
+        for vb in VBUCKETS:
+            changes = [upsert(vb, f"k{round_ + 10}", seqno + 1), delete(vb, f"k{round_ + 20}",
+                       seqno + 2), upsert(vb, "k3", seqno + 3)]  # fmt: skip
+            commits.append(vbucket_commit(vb, changes, seqno=seqno + 3, first_load=False,
+                                          previous_seqno=seqno))  # fmt: skip
+            expected[(vb, f"k{round_ + 10}")] = seqno + 1
+            expected.pop((vb, f"k{round_ + 20}"))
+            expected[(vb, "k3")] = seqno + 3
+        metadata = CommitMetadata(
+            kind=COMMIT, batch_id=batch_id, part=1, owner_id=claim.owner_id,
+            strategy="merge", positions={c.vbucket: c.position for c in commits},
+        )  # fmt: skip
+        assert merger.merge(_changes(commits), metadata) is not None
+        seqno, batch_id = seqno + 3, batch_id + 1
+        # A MERGE by Spark in between: the index must follow another writer's vectors.
+        if round_ == 1:
+            # (Batch ids grow: one txn id per owner, so a lower one would be taken as done.)
+            CommitExecutor(mirror, claim, owners).execute(batch(batch_id, vbucket_commit(
+                0, [upsert(0, "k30", seqno + 1)], seqno=seqno + 1, first_load=False,
+                previous_seqno=seqno)))  # fmt: skip
+            expected[(0, "k30")] = seqno + 1
+            batch_id += 1
+
+    rows = {(r["vbucket"], r["key"]): r["seqno"] for r in mirror.read().collect()}
+    assert rows == expected
+    owners.release(claim)
+
+
+def test_a_version_taken_meanwhile_is_planned_again_and_nothing_is_lost(
+    spark: Any, tmp_path: Path
+) -> None:
+    mirror = _loaded(spark, tmp_path / "t")
+    owners = OwnersTable.of(mirror)
+    claim = owners.claim(VBUCKETS)
+    executor = CommitExecutor(mirror, claim, owners)
+
+    class RacedMerger(DeletionVectorMerger):
+        raced = False
+
+        def _actions(self, *args: Any) -> Any:
+            planned = super()._actions(*args)
+            if not self.raced:  # Spark commits the version this plan was made for
+                self.raced = True
+                executor.execute(batch(60, vbucket_commit(
+                    1, [upsert(1, "k2", 60)], seqno=60, first_load=False, previous_seqno=42,
+                )))  # fmt: skip
+            return planned
+
+    merger = RacedMerger(str(tmp_path / "t"), mirror.data_layout)
+    commits = [vbucket_commit(0, [upsert(0, "k2", 61), delete(0, "k6", 62)], seqno=62,
+                              first_load=False, previous_seqno=42)]  # fmt: skip
+    metadata = CommitMetadata(
+        kind=COMMIT, batch_id=61, part=1, owner_id=claim.owner_id, strategy="merge",
+        positions={0: commits[0].position},
+    )  # fmt: skip
+    before = set(os.listdir(tmp_path / "t" / "vbucket_group=0"))
+
+    landed = merger.merge(_changes(commits), metadata)
+
+    assert merger.raced and landed is not None
+    rows = {(r["vbucket"], r["key"]): r["seqno"] for r in mirror.read().collect()}
+    assert rows[(0, "k2")] == 61 and (0, "k6") not in rows and rows[(1, "k2")] == 60
+    assert len(rows) == 4 * 40 - 4 - 1  # k4 of each vbucket deleted at load, and k6 of 0
+    # The first plan's files were removed: one new file in the partition, the landed plan's.
+    live = {os.path.basename(f) for f in mirror.read().inputFiles()}
+    added = set(os.listdir(tmp_path / "t" / "vbucket_group=0")) - before
+    assert added <= live | {name for name in added if name.startswith(".")}
+    owners.release(claim)
+
+
+def test_the_executor_commits_steady_batches_as_vectors_when_asked(
+    spark: Any, tmp_path: Path
+) -> None:
+    mirror = _loaded(spark, tmp_path / "t")
+    owners = OwnersTable.of(mirror)
+    claim = owners.claim(VBUCKETS)
+    executor = CommitExecutor(mirror, claim, owners, steady_writer="deletion-vectors")
+    commits = _steady_batch()
+
+    outcome = executor.execute(batch(3, *commits))
+
+    [commit] = outcome.commits
+    [entry] = mirror.delta().history(1).collect()
+    assert entry["operation"] == "MERGE" and entry["engineInfo"].startswith("replicator")
+    assert commit.table_version == entry["version"] and commit.table_files is not None
+    assert {(vb, "new" + str(vb)) for vb in VBUCKETS} <= {
+        (r["vbucket"], r["key"]) for r in mirror.read().collect()
+    }
+    # Re-running the batch (a restart before its checkpoint) commits nothing twice.
+    again = CommitExecutor(mirror, claim, owners, steady_writer="deletion-vectors")
+    assert again.execute(batch(3, *commits)).commits[0].table_version == commit.table_version
+    assert mirror.delta().history(1).collect()[0]["version"] == commit.table_version
+    # A batch that drops a collection goes to Spark's MERGE.
+    dropping = vbucket_commit(0, [upsert(0, "k7", 50)], seqno=50, first_load=False,
+                              previous_seqno=49, dropped_collection_ids=[8])  # fmt: skip
+    executor.execute(batch(4, dropping))
+    assert "engineInfo" not in mirror.delta().history(1).collect()[0] or not (
+        mirror.delta().history(1).collect()[0]["engineInfo"] or ""
+    ).startswith("replicator")
+    owners.release(claim)
