@@ -9,7 +9,6 @@ deletes (found through an index of the files' key columns), the new rows in one 
 partition, and the log entry. Then it checks both copies hold the same rows, and reads each
 version's change data feed.
 
-    .venv/bin/pip install -e '.[probes]'
     .venv/bin/python -m jobs.probes.steady_dv_commit SOURCE_MIRROR WORK_DIR [CHANGES]
 
 The source mirror must hold no deletion vectors yet (a first load does not write any).

@@ -103,6 +103,8 @@ class DeletionVectorMerger:
         self.index = KeyIndex(self.root)
         self._snapshot: LogSnapshot | None = None
         self.last_rows: MergedRows | None = None
+        self.conflicts = 0
+        """Plans made again because another writer took the version first."""
 
     def merge(self, changes: pa.Table, metadata: CommitMetadata) -> AppendedCommit | None:
         """Commit `changes` (the staged change schema, one row per document) with `metadata`;
@@ -131,6 +133,7 @@ class DeletionVectorMerger:
                 raise
             if not landed:
                 _remove(written)  # another writer took the version: plan again on its table
+                self.conflicts += 1
                 continue
             self.last_rows = rows
             live = len(snapshot.files) + sum(1 for a in actions if "add" in a) - sum(
@@ -174,16 +177,18 @@ class DeletionVectorMerger:
         descriptors = write_vectors(self.root, vectors) if vectors else []
         if descriptors:
             written.append(descriptors[0].file_path(self.root))
-        for data_file, descriptor in zip(files, descriptors, strict=True):
+        for number, data_file, descriptor in zip(by_file, files, descriptors, strict=True):
             remove = data_file.to_add_json()
             del remove["modificationTime"]
             remove |= {"deletionTimestamp": now, "dataChange": True, "extendedFileMetadata": True}
+            actions.append({"remove": remove})
+            if descriptor.cardinality == self.index.file_rows(number):
+                continue  # every row gone: the file leaves the table, as Spark's MERGE does
             stats = json.loads(data_file.stats or "{}") | {"tightBounds": False}
-            add = data_file.to_add_json() | {
+            actions.append({"add": data_file.to_add_json() | {
                 "dataChange": True, "stats": json.dumps(stats),
                 "deletionVector": descriptor.to_json(),
-            }  # fmt: skip
-            actions += [{"remove": remove}, {"add": add}]
+            }})  # fmt: skip
         # The new rows' files.
         upserts = changes.filter(upsert_mask)
         new_files = PartitionFiles(self.root, self.layout, self.file_bytes, self.row_group_bytes)
@@ -258,10 +263,13 @@ class DeletionVectorMerger:
     def _commit_info(
         self, now: int, read_version: int, metadata: CommitMetadata, rows: MergedRows
     ) -> dict[str, Any]:
+        # As Spark's MERGE names it: the partitions' literal first (audits read which).
+        vbuckets = sorted(metadata.positions)
+        predicate = f"{self.layout.predicate(vbuckets, alias='t')} AND {MERGE_CONDITION}"
         return {
             "timestamp": now,
             "operation": "MERGE",
-            "operationParameters": {"predicate": json.dumps([MERGE_CONDITION])},
+            "operationParameters": {"predicate": json.dumps([predicate])},
             "readVersion": read_version,
             "isolationLevel": "Serializable",
             "isBlindAppend": False,

@@ -29,6 +29,7 @@ built elsewhere (`changes`, `arrow_append`, `rollback`).
 from __future__ import annotations
 
 import enum
+import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -68,9 +69,11 @@ from replicator.delta.failover_logs import FailoverLogsTable, carried_failover_l
 from replicator.delta.ownership import OwnerClaim, OwnersTable
 from replicator.delta.schema import DATA_COLUMNS
 from replicator.delta.table import (
+    DELTA_CHECKPOINT_INTERVAL,
     SESSION_WRITE_LOCK,
     CommitRecord,
     MirrorTable,
+    checkpoint_delta_log,
     delta_snapshot,
     delta_write_confs,
     engine_error_summary,
@@ -84,6 +87,8 @@ from replicator.model.aliases import FaultHook
 from replicator.model.positions import VbucketPosition
 from replicator.planning.planner import CommitBatch, VbucketCommit, history_revisions
 from replicator.staging.rows import DELETE, UPSERT
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -345,7 +350,11 @@ class CommitExecutor:
     ) -> AppendedCommit | None:
         merger = self._deletion_vector_merger()
         if merger is not None and dv_mergeable(commits):
-            return merger.merge(steady_changes(commits), metadata)
+            before = merger.conflicts
+            try:
+                return merger.merge(steady_changes(commits), metadata)
+            finally:
+                self.conflicts_retried += merger.conflicts - before
         source = union_frames(
             [self.change_rows(commits), *dropped_collection_rows(self.mirror, commits)]
         )
@@ -464,8 +473,22 @@ class CommitExecutor:
         if appended is not None:
             self._landed_commit = CommitRecord(appended.version, appended.committed_at, metadata)
             self._landed_files = appended.table_files
+            if appended.version % DELTA_CHECKPOINT_INTERVAL == 0:
+                self._checkpoint_delta_log(appended.version)
         elif version is not None:
             self._landed_commit = CommitRecord(version, self._commit_time(version), metadata)
+
+    def _checkpoint_delta_log(self, version: int) -> None:
+        """Delta's checkpoint after a version Spark did not commit (Spark checkpoints only after
+        its own): without it, readers replay every JSON entry written since Spark's last one.
+        The commit has landed: a failure here is logged, and the next interval tries again."""
+        try:
+            checkpoint_delta_log(self.spark, self.mirror.layout.data)
+        except Exception as exc:
+            log.warning(
+                "Delta checkpoint after version %d failed (the commit stands): %s",
+                version, engine_error_summary(exc),
+            )
 
     def _commit_time(self, version: int) -> datetime:
         """When version `version` was committed, from Delta's snapshot (no Spark job); the

@@ -68,6 +68,10 @@ class KeyIndex:
             self._joined = pa.concat_tables(tables) if tables else INDEX_SCHEMA.empty_table()
         return keys.join(self._joined, list(KEY_COLUMNS), join_type="inner")
 
+    def file_rows(self, number: int) -> int:
+        """Rows the file numbered `number` holds, deleted ones included."""
+        return int(self._raw[self._paths[number]].num_rows)
+
     @property
     def rows(self) -> int:
         """Live rows indexed."""

@@ -481,6 +481,20 @@ def delta_snapshot(spark: SparkSession, path: str) -> Any:
     return delta_log.forTableWithSnapshot(spark._jsparkSession, path)._2()
 
 
+DELTA_CHECKPOINT_INTERVAL = 10
+"""Delta's default `delta.checkpointInterval`: Spark checkpoints after its own commits whose
+version is a multiple of it."""
+
+
+def checkpoint_delta_log(spark: SparkSession, path: str) -> None:
+    """Write Delta's checkpoint of the table's newest version, as Spark does after its own
+    commits: for versions committed without Spark (Arrow appends, deletion-vector merges)."""
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    pair = jvm.org.apache.spark.sql.delta.DeltaLog.forTableWithSnapshot(spark._jsparkSession, path)
+    pair._1().checkpoint(pair._2(), jvm.scala.Option.empty())
+
+
 def table_version(spark: SparkSession, path: str) -> int:
     """The newest version of the Delta table at `path`, -1 when there is none."""
     return int(delta_snapshot(spark, path).version())

@@ -15,6 +15,7 @@ from replicator.delta.changes import concat_changes
 from replicator.delta.commit_metadata import COMMIT, CommitMetadata
 from replicator.delta.dv_merge import DeletionVectorMerger
 from replicator.delta.executor import CommitExecutor, WriteStrategy
+from replicator.delta.log_snapshot import read_snapshot
 from replicator.delta.ownership import OwnersTable
 from replicator.delta.schema import MirrorConfig
 from replicator.delta.table import open_or_create
@@ -227,4 +228,36 @@ def test_the_executor_commits_steady_batches_as_vectors_when_asked(
     assert "engineInfo" not in mirror.delta().history(1).collect()[0] or not (
         mirror.delta().history(1).collect()[0]["engineInfo"] or ""
     ).startswith("replicator")
+    owners.release(claim)
+
+
+def test_versions_committed_without_spark_get_delta_s_checkpoints(
+    spark: Any, tmp_path: Path
+) -> None:
+    # Spark checkpoints only after its own commits; a run of vector merges would otherwise
+    # leave every reader replaying a growing log.
+    mirror = _loaded(spark, tmp_path / "t")
+    owners = OwnersTable.of(mirror)
+    claim = owners.claim(VBUCKETS)
+    executor = CommitExecutor(mirror, claim, owners, steady_writer="deletion-vectors")
+    log = tmp_path / "t" / "_delta_log"
+    seqno, batch_id = 42, 3
+    while not any(log.glob("*.checkpoint.parquet")) or mirror.version() % 10 == 0:
+        commits = [vbucket_commit(vb, [upsert(vb, "k1", seqno + 1)], seqno=seqno + 1,
+                                  first_load=False, previous_seqno=seqno) for vb in VBUCKETS]
+        executor.execute(batch(batch_id, *commits))  # fmt: skip
+        seqno, batch_id = seqno + 1, batch_id + 1
+        assert batch_id < 30, "no checkpoint after 27 merges"
+
+    [checkpoint] = log.glob("*.checkpoint.parquet")
+    version = int(checkpoint.name[:20])
+    assert version % 10 == 0
+    entry = mirror.delta().history().where(f"version = {version}").collect()[0]
+    assert entry["engineInfo"].startswith("replicator")  # a version our writer committed
+    live = {f.split("/")[-1] for f in mirror.read().inputFiles()}
+    assert {os.path.basename(f.path) for f in read_snapshot(str(tmp_path / "t")).files.values()
+            } == live  # fmt: skip
+    assert {(r["vbucket"], r["seqno"]) for r in mirror.read().where("key = 'k1'").collect()} == {
+        (vb, seqno) for vb in VBUCKETS
+    }
     owners.release(claim)
