@@ -53,7 +53,7 @@ from replicator.delta.log_snapshot import DataFile, LogSnapshot, read_snapshot
 from replicator.delta.paths import local_path
 from replicator.delta.schema import DATA_COLUMNS, DataLayout
 from replicator.planning.planner import VbucketCommit, deduplicate_changes
-from replicator.staging.rows import DELETE, UPSERT
+from replicator.staging.rows import CHANGE_SCHEMA, DELETE, UPSERT
 
 _log = logging.getLogger(__name__)
 
@@ -307,15 +307,20 @@ def deletion_vector_merger_for(path: str, layout: DataLayout) -> DeletionVectorM
 
 
 def dv_mergeable(commits: Sequence[VbucketCommit]) -> bool:
-    """Whether the batch's rows are all in memory and it drops no collection (a dropped
-    collection's rows go by collection, which the key index does not answer)."""
-    return all(not c.spill_files and not c.dropped_collection_ids for c in commits)
+    """Whether the batch drops no collection (a dropped collection's rows go by collection,
+    which the key index does not answer)."""
+    return all(not c.dropped_collection_ids for c in commits)
 
 
 def steady_changes(commits: Sequence[VbucketCommit]) -> pa.Table:
-    """The batch's change rows, one per document (its highest seqno)."""
-    repeating = [t for c in commits if not c.unique_keys for t in c.tables]
-    unique = [t for c in commits if c.unique_keys for t in c.tables]
+    """The batch's change rows, one per document (its highest seqno), spilled rows read back:
+    a steady batch is capped in bytes (`CommitThresholds`), so the commit holds at most that."""
+    repeating: list[pa.Table] = []
+    unique: list[pa.Table] = []
+    for commit in commits:
+        rows = [*commit.tables, *(pq.read_table(path, schema=CHANGE_SCHEMA)
+                                  for path in commit.spill_files)]  # fmt: skip
+        (unique if commit.unique_keys else repeating).extend(rows)
     return concat_changes([deduplicate_changes(concat_changes(repeating)), *unique])
 
 

@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import pyarrow.parquet as pq
 import pytest
 from chispa import assert_df_equality
 
@@ -20,7 +21,7 @@ from replicator.delta.ownership import OwnersTable
 from replicator.delta.schema import MirrorConfig
 from replicator.delta.table import open_or_create
 from replicator.planning.planner import VbucketCommit, deduplicate_changes
-from tests.delta.helpers import batch, delete, upsert, vbucket_commit
+from tests.delta.helpers import batch, change_table, delete, upsert, vbucket_commit
 
 pytestmark = pytest.mark.spark
 
@@ -260,4 +261,22 @@ def test_versions_committed_without_spark_get_delta_s_checkpoints(
     assert {(r["vbucket"], r["seqno"]) for r in mirror.read().where("key = 'k1'").collect()} == {
         (vb, seqno) for vb in VBUCKETS
     }
+    owners.release(claim)
+
+
+def test_spilled_rows_are_read_back_newest_first(spark: Any, tmp_path: Path) -> None:
+    mirror = _loaded(spark, tmp_path / "t")
+    owners = OwnersTable.of(mirror)
+    claim = owners.claim(VBUCKETS)
+    spill = tmp_path / "vb0000-00000002.parquet"
+    pq.write_table(change_table([upsert(0, "k1", 43), upsert(0, "k9", 44)]), spill)
+    commit = vbucket_commit(0, [upsert(0, "k1", 45), delete(0, "k9", 46)], seqno=46,
+                            first_load=False, previous_seqno=42, spill_files=[str(spill)])
+    executor = CommitExecutor(mirror, claim, owners, steady_writer="deletion-vectors")
+
+    executor.execute(batch(3, commit))  # fmt: skip
+
+    assert mirror.delta().history(1).collect()[0]["engineInfo"].startswith("replicator")
+    rows = {r["key"]: r["seqno"] for r in mirror.read().where("vbucket = 0").collect()}
+    assert rows["k1"] == 45 and "k9" not in rows and len(rows) == 38
     owners.release(claim)
