@@ -49,6 +49,18 @@ def _loaded(spark: Any, path: Path) -> Any:
     return mirror
 
 
+def _claimed(spark: Any, path: Path) -> tuple[Any, OwnersTable, Any]:
+    """The loaded mirror at `path`, its owners table and a claim of VBUCKETS."""
+    mirror = _loaded(spark, path)
+    owners = OwnersTable.of(mirror)
+    return mirror, owners, owners.claim(VBUCKETS)
+
+
+def _last_engine(mirror: Any) -> str:
+    """Who committed the newest version ("" for Spark's commits, which name no engine here)."""
+    return str(mirror.delta().history(1).collect()[0].asDict().get("engineInfo") or "")
+
+
 def _steady_batch() -> list[VbucketCommit]:
     commits = []
     for vb in VBUCKETS:
@@ -119,9 +131,7 @@ def test_a_steady_batch_by_deletion_vectors_equals_spark_s_merge(
 
 
 def test_later_batches_build_on_the_vectors_written_before(spark: Any, tmp_path: Path) -> None:
-    mirror = _loaded(spark, tmp_path / "t")
-    owners = OwnersTable.of(mirror)
-    claim = owners.claim(VBUCKETS)
+    mirror, owners, claim = _claimed(spark, tmp_path / "t")
     merger = DeletionVectorMerger(str(tmp_path / "t"), mirror.data_layout)
     expected = {(vb, f"k{i}"): i + 1 for vb in VBUCKETS for i in range(40)}
     for vb in VBUCKETS:
@@ -161,9 +171,7 @@ def test_later_batches_build_on_the_vectors_written_before(spark: Any, tmp_path:
 def test_a_version_taken_meanwhile_is_planned_again_and_nothing_is_lost(
     spark: Any, tmp_path: Path
 ) -> None:
-    mirror = _loaded(spark, tmp_path / "t")
-    owners = OwnersTable.of(mirror)
-    claim = owners.claim(VBUCKETS)
+    mirror, owners, claim = _claimed(spark, tmp_path / "t")
     executor = CommitExecutor(mirror, claim, owners)
 
     class RacedMerger(DeletionVectorMerger):
@@ -203,9 +211,7 @@ def test_a_version_taken_meanwhile_is_planned_again_and_nothing_is_lost(
 def test_the_executor_commits_steady_batches_as_vectors_when_asked(
     spark: Any, tmp_path: Path
 ) -> None:
-    mirror = _loaded(spark, tmp_path / "t")
-    owners = OwnersTable.of(mirror)
-    claim = owners.claim(VBUCKETS)
+    mirror, owners, claim = _claimed(spark, tmp_path / "t")
     executor = CommitExecutor(mirror, claim, owners, steady_writer="deletion-vectors")
     commits = _steady_batch()
 
@@ -226,9 +232,7 @@ def test_the_executor_commits_steady_batches_as_vectors_when_asked(
     dropping = vbucket_commit(0, [upsert(0, "k7", 50)], seqno=50, first_load=False,
                               previous_seqno=49, dropped_collection_ids=[8])  # fmt: skip
     executor.execute(batch(4, dropping))
-    assert "engineInfo" not in mirror.delta().history(1).collect()[0] or not (
-        mirror.delta().history(1).collect()[0]["engineInfo"] or ""
-    ).startswith("replicator")
+    assert not _last_engine(mirror).startswith("replicator")
     owners.release(claim)
 
 
@@ -237,9 +241,7 @@ def test_versions_committed_without_spark_get_delta_s_checkpoints(
 ) -> None:
     # Spark checkpoints only after its own commits; a run of vector merges would otherwise
     # leave every reader replaying a growing log.
-    mirror = _loaded(spark, tmp_path / "t")
-    owners = OwnersTable.of(mirror)
-    claim = owners.claim(VBUCKETS)
+    mirror, owners, claim = _claimed(spark, tmp_path / "t")
     executor = CommitExecutor(mirror, claim, owners, steady_writer="deletion-vectors")
     log = tmp_path / "t" / "_delta_log"
     seqno, batch_id = 42, 3
@@ -265,9 +267,7 @@ def test_versions_committed_without_spark_get_delta_s_checkpoints(
 
 
 def test_spilled_rows_are_read_back_newest_first(spark: Any, tmp_path: Path) -> None:
-    mirror = _loaded(spark, tmp_path / "t")
-    owners = OwnersTable.of(mirror)
-    claim = owners.claim(VBUCKETS)
+    mirror, owners, claim = _claimed(spark, tmp_path / "t")
     spill = tmp_path / "vb0000-00000002.parquet"
     pq.write_table(change_table([upsert(0, "k1", 43), upsert(0, "k9", 44)]), spill)
     commit = vbucket_commit(0, [upsert(0, "k1", 45), delete(0, "k9", 46)], seqno=46,
@@ -276,7 +276,7 @@ def test_spilled_rows_are_read_back_newest_first(spark: Any, tmp_path: Path) -> 
 
     executor.execute(batch(3, commit))  # fmt: skip
 
-    assert mirror.delta().history(1).collect()[0]["engineInfo"].startswith("replicator")
+    assert _last_engine(mirror).startswith("replicator")
     rows = {r["key"]: r["seqno"] for r in mirror.read().where("vbucket = 0").collect()}
     assert rows["k1"] == 45 and "k9" not in rows and len(rows) == 38
     owners.release(claim)
