@@ -36,6 +36,7 @@ import pyarrow.parquet as pq
 
 from replicator.delta.changes import concat_changes
 from replicator.delta.commit_metadata import CommitMetadata, txn_app_id
+from replicator.delta.log_snapshot import carries_txn
 from replicator.delta.paths import local_path
 from replicator.delta.schema import DATA_COLUMNS, DataLayout
 from replicator.planning.planner import VbucketCommit, deduplicate_changes
@@ -257,11 +258,8 @@ class ArrowAppender:
         log = os.path.join(local_path(self.path), "_delta_log")
         version = before + 1
         while os.path.exists(path := os.path.join(log, f"{version:020d}.json")):
-            with open(path, encoding="utf-8") as commit:
-                for line in commit:
-                    txn = json.loads(line).get("txn")
-                    if txn and txn.get("appId") == app_id and txn.get("version") == txn_version:
-                        return version, path
+            if carries_txn(path, app_id, txn_version):
+                return version, path
             version += 1
         return None
 

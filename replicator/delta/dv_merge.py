@@ -49,7 +49,7 @@ from replicator.delta.changes import concat_changes
 from replicator.delta.commit_metadata import CommitMetadata, txn_app_id
 from replicator.delta.deletion_vectors import read_positions, write_vectors
 from replicator.delta.key_index import KEY_COLUMNS, KeyIndex, positions_by_file
-from replicator.delta.log_snapshot import DataFile, LogSnapshot, read_snapshot
+from replicator.delta.log_snapshot import DataFile, LogSnapshot, carries_txn, read_snapshot
 from replicator.delta.paths import local_path
 from replicator.delta.schema import DATA_COLUMNS, DataLayout
 from replicator.planning.planner import VbucketCommit, deduplicate_changes
@@ -128,7 +128,7 @@ class DeletionVectorMerger:
                 ]  # fmt: skip
                 landed = _publish(log_file, [*head, *actions])
             except BaseException:
-                if not _carries_txn(log_file, app_id, metadata.txn_version):
+                if not carries_txn(log_file, app_id, metadata.txn_version):
                     _remove(written)  # files of a commit that did not land
                 raise
             if not landed:
@@ -343,19 +343,6 @@ def _publish(log_file: str, actions: Sequence[Mapping[str, Any]]) -> bool:
     finally:
         os.remove(temporary)
     return True
-
-
-def _carries_txn(log_file: str, app_id: str, txn_version: int) -> bool:
-    """Whether the log entry `log_file` exists and carries this txn (the commit landed)."""
-    try:
-        with open(log_file, encoding="utf-8") as entry:
-            for line in entry:
-                txn = json.loads(line).get("txn")
-                if txn and txn.get("appId") == app_id and txn.get("version") == txn_version:
-                    return True
-    except FileNotFoundError:
-        pass
-    return False
 
 
 def _remove(paths: Sequence[str]) -> None:

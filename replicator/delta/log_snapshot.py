@@ -120,6 +120,19 @@ def read_snapshot(table_root: str, since: LogSnapshot | None = None) -> LogSnaps
     return LogSnapshot(version, files, txns)
 
 
+def carries_txn(log_file: str, app_id: str, txn_version: int) -> bool:
+    """Whether the log entry `log_file` exists and carries `app_id`'s txn `txn_version` (a
+    writer's way to learn whether its commit landed)."""
+    try:
+        for action in _actions(log_file):
+            txn = action.get("txn")
+            if txn and txn.get("appId") == app_id and txn.get("version") == txn_version:
+                return True
+    except FileNotFoundError:
+        pass
+    return False
+
+
 def _newest_checkpoint(
     log: str, names: list[str]
 ) -> tuple[int, dict[tuple[str, str | None], DataFile], dict[str, int]]:

@@ -25,7 +25,7 @@ from replicator.delta.deletion_vectors import (
     z85_decode,
     z85_encode,
 )
-from replicator.delta.log_snapshot import LogSnapshotError, read_snapshot
+from replicator.delta.log_snapshot import LogSnapshotError, carries_txn, read_snapshot
 
 DV_TABLE = "delta.enableDeletionVectors = true"
 
@@ -188,3 +188,15 @@ def test_a_log_with_a_gap_is_refused(tmp_path: Path) -> None:
         (log / f"{version:020d}.json").write_text(json.dumps({"commitInfo": {}}) + "\n")
     with pytest.raises(LogSnapshotError, match="commit 1 is missing"):
         read_snapshot(str(tmp_path))
+
+
+def test_a_log_entry_carries_only_its_own_txn(tmp_path: Path) -> None:
+    entry = tmp_path / f"{3:020d}.json"
+    entry.write_text("\n".join(json.dumps(action) for action in (
+        {"commitInfo": {"operation": "MERGE"}},
+        {"txn": {"appId": "replicator-a", "version": 7, "lastUpdated": 0}},
+    )) + "\n")  # fmt: skip
+    assert carries_txn(str(entry), "replicator-a", 7)
+    assert not carries_txn(str(entry), "replicator-a", 6)
+    assert not carries_txn(str(entry), "replicator-b", 7)
+    assert not carries_txn(str(tmp_path / f"{4:020d}.json"), "replicator-a", 7)
