@@ -33,9 +33,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+from pyroaring import BitMap64
 
 from replicator.delta.arrow_append import (
     ARROW_DATA_SCHEMA,
@@ -47,9 +49,9 @@ from replicator.delta.arrow_append import (
 )
 from replicator.delta.changes import concat_changes
 from replicator.delta.commit_metadata import CommitMetadata, txn_app_id
-from replicator.delta.deletion_vectors import read_positions, write_vectors
-from replicator.delta.key_index import KEY_COLUMNS, KeyIndex, positions_by_file
-from replicator.delta.log_snapshot import DataFile, LogSnapshot, carries_txn, read_snapshot
+from replicator.delta.deletion_vectors import write_vectors
+from replicator.delta.key_index import KEY_COLUMNS, KeyIndex
+from replicator.delta.log_snapshot import LogSnapshot, carries_txn, read_snapshot
 from replicator.delta.paths import local_path
 from replicator.delta.schema import DATA_COLUMNS, DataLayout
 from replicator.planning.planner import VbucketCommit, deduplicate_changes
@@ -119,7 +121,7 @@ class DeletionVectorMerger:
             version = snapshot.version + 1
             log_file = os.path.join(self.root, "_delta_log", f"{version:020d}.json")
             try:
-                actions, rows = self._actions(snapshot, changes, written)
+                actions, rows = self._actions(changes, written)
                 now = int(time.time() * 1000)
                 head = [
                     {"commitInfo": self._commit_info(now, snapshot.version, metadata, rows)},
@@ -152,32 +154,28 @@ class DeletionVectorMerger:
     # -- one plan -------------------------------------------------------------------------
 
     def _actions(
-        self, snapshot: LogSnapshot, changes: pa.Table, written: list[str]
+        self, changes: pa.Table, written: list[str]
     ) -> tuple[list[dict[str, Any]], MergedRows]:
         changes = changes.append_column("row", pa.array(range(changes.num_rows), pa.int64()))
         located = self.index.locate(changes.select([*KEY_COLUMNS, "row"]))
-        matched_ops = pc.take(changes["op"], located["row"])
+        located = located.append_column("op", pc.take(changes["op"], located["row"])).sort_by(
+            [("file", "ascending"), ("position", "ascending")]
+        )  # one run of ascending positions per touched file
         upsert_mask = pc.equal(changes["op"], UPSERT)
-        matched_rows = pa.array(located["row"]).to_pylist() if located.num_rows else []
-        is_matched = pc.is_in(
-            changes["row"], value_set=pa.array(matched_rows, pa.int64())
-        )  # fmt: skip
+        is_matched = pc.is_in(changes["row"], value_set=located["row"].combine_chunks())
+        touched = _runs(located["file"])
         actions: list[dict[str, Any]] = []
         now = int(time.time() * 1000)
         # Deletion vectors: the old one of each touched file and the new positions.
-        by_file = positions_by_file(located)
-        files = [self._live_file(snapshot, self.index.path(n)) for n in by_file]
         vectors = []
-        for data_file, positions in zip(files, by_file.values(), strict=True):
-            old = (
-                set() if data_file.deletion_vector is None
-                else set(read_positions(self.root, data_file.deletion_vector))
-            )  # fmt: skip
-            vectors.append(sorted(old | set(positions)))
+        for number, start, length in touched:
+            positions = located["position"].slice(start, length).to_numpy()
+            vectors.append(self.index.deleted(number) | BitMap64(positions.astype(np.uint64)))
         descriptors = write_vectors(self.root, vectors) if vectors else []
         if descriptors:
             written.append(descriptors[0].file_path(self.root))
-        for number, data_file, descriptor in zip(by_file, files, descriptors, strict=True):
+        for (number, _, _), descriptor in zip(touched, descriptors, strict=True):
+            data_file = self.index.data_file(number)
             remove = data_file.to_add_json()
             del remove["modificationTime"]
             remove |= {"deletionTimestamp": now, "dataChange": True, "extendedFileMetadata": True}
@@ -206,40 +204,30 @@ class DeletionVectorMerger:
             "modificationTime": add.modification_time, "dataChange": True, "stats": add.stats,
         }} for add in adds]  # fmt: skip
         # The change data feed: preimages read back, postimages and inserts from the batch.
-        preimages = self._preimages(files, by_file, located, matched_ops)
+        preimages = self._preimages(located, touched)
         upsert_types = pc.if_else(
             pc.filter(is_matched, upsert_mask), "update_postimage", "insert"
         )
         postimages = upserts.select(list(DATA_COLUMNS)).append_column(CHANGE_TYPE, upsert_types)
         feed = pa.concat_tables([preimages, postimages.cast(FEED_SCHEMA)])
         actions += self._change_files(feed, written, now)
-        updated = int(pc.sum(pc.equal(matched_ops, UPSERT)).as_py() or 0)
-        deleted = int(pc.sum(pc.equal(matched_ops, DELETE)).as_py() or 0)
+        updated = int(pc.sum(pc.equal(located["op"], UPSERT)).as_py() or 0)
+        deleted = int(pc.sum(pc.equal(located["op"], DELETE)).as_py() or 0)
         rows = MergedRows(upserts.num_rows - updated, updated, deleted, changes.num_rows)
         return actions, rows
 
-    def _live_file(self, snapshot: LogSnapshot, path: str) -> DataFile:
-        data_file = snapshot.file_at(path)
-        if data_file is None:
-            raise RuntimeError(f"{path} is in the key index but not live in {self.path}")
-        return data_file
-
-    def _preimages(
-        self,
-        files: Sequence[DataFile],
-        by_file: Mapping[int, list[int]],
-        located: pa.Table,
-        matched_ops: pa.Array,
-    ) -> pa.Table:
+    def _preimages(self, located: pa.Table, touched: Sequence[tuple[int, int, int]]) -> pa.Table:
+        """The rows `located` (sorted by file and position) replaces, read back from their
+        files, typed `update_preimage` or `delete` by the change that replaces them."""
+        types = pc.if_else(pc.equal(located["op"], UPSERT), "update_preimage", "delete")
         parts = []
-        for data_file, (number, positions) in zip(files, by_file.items(), strict=True):
-            rows = pq.read_table(data_file.local_path(self.root), columns=list(DATA_COLUMNS))
-            ops = pc.filter(matched_ops, pc.equal(located["file"], number))
-            mine = pc.filter(located["position"], pc.equal(located["file"], number))
-            order = pc.sort_indices(mine)
-            types = pc.if_else(pc.equal(pc.take(ops, order), UPSERT), "update_preimage", "delete")
-            replaced = rows.take(pa.array(positions, pa.int64()))
-            parts.append(replaced.append_column(CHANGE_TYPE, types).cast(FEED_SCHEMA))
+        for number, start, length in touched:
+            path = self.index.data_file(number).local_path(self.root)
+            rows = pq.read_table(path, columns=list(DATA_COLUMNS))
+            replaced = rows.take(located["position"].slice(start, length))
+            parts.append(
+                replaced.append_column(CHANGE_TYPE, types.slice(start, length)).cast(FEED_SCHEMA)
+            )
         return pa.concat_tables(parts) if parts else FEED_SCHEMA.empty_table()
 
     def _change_files(self, feed: pa.Table, written: list[str], now: int) -> list[dict[str, Any]]:
@@ -343,6 +331,17 @@ def _publish(log_file: str, actions: Sequence[Mapping[str, Any]]) -> bool:
     finally:
         os.remove(temporary)
     return True
+
+
+def _runs(numbers: pa.ChunkedArray) -> list[tuple[int, int, int]]:
+    """Each run of equal values in sorted `numbers`: the value, where it starts, its length."""
+    encoded = pc.run_end_encode(numbers.combine_chunks())
+    ends = encoded.run_ends.to_pylist()
+    starts = [0, *ends[:-1]]
+    return [
+        (number, start, end - start)
+        for number, start, end in zip(encoded.values.to_pylist(), starts, ends, strict=True)
+    ]
 
 
 def _remove(paths: Sequence[str]) -> None:

@@ -9,11 +9,11 @@ files no longer live are dropped, new ones read, changed vectors applied.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+from pyroaring import BitMap64
 
 from replicator.delta.deletion_vectors import read_positions
 from replicator.delta.log_snapshot import DataFile, LogSnapshot
@@ -29,16 +29,24 @@ INDEX_SCHEMA = pa.schema([
 
 
 class KeyIndex:
-    """The live rows of one table by document key, as of the snapshot last refreshed from."""
+    """The live rows of one table by document key, as of the snapshot last refreshed from.
+
+    Files are numbered once, in the order first seen; `locate` answers with those numbers.
+    """
 
     def __init__(self, table_root: str) -> None:
         self.table_root = table_root
         self._raw: dict[str, pa.Table] = {}
-        """Per file path, every row's key and position, deleted rows included."""
+        """Per file path, every row's key, file number and position, deleted rows included."""
         self._live: dict[tuple[str, str | None], pa.Table] = {}
-        """Per live file (path and vector), its rows not deleted, with the file's number."""
+        """Per live file (path and vector), its rows not deleted."""
         self._numbers: dict[str, int] = {}
-        self._paths: list[str] = []
+        self._next_number = 0
+        """Numbers are never reused: a file gone since may still be named in an old answer."""
+        self._files: dict[int, DataFile] = {}
+        """Per live file's number, its add action as of the last refresh."""
+        self._deleted: dict[int, BitMap64] = {}
+        """Per live file's number, the positions its vector hides (read once per vector)."""
         self._joined: pa.Table | None = None
 
     def refresh(self, snapshot: LogSnapshot) -> None:
@@ -53,16 +61,22 @@ class KeyIndex:
         paths = {path for path, _ in self._live}
         for path in set(self._raw) - paths:
             del self._raw[path]
+            number = self._numbers.pop(path)
+            del self._files[number], self._deleted[number]
         self._joined = None
 
-    def path(self, number: int) -> str:
-        """The log path of the file numbered `number` in `locate`'s answers."""
-        return self._paths[number]
+    def data_file(self, number: int) -> DataFile:
+        """The live file numbered `number` in `locate`'s answers, with its current vector."""
+        return self._files[number]
+
+    def deleted(self, number: int) -> BitMap64:
+        """The positions the current vector of file `number` hides (empty without one)."""
+        return self._deleted[number]
 
     def locate(self, keys: pa.Table) -> pa.Table:
         """`keys` (KEY_COLUMNS and any others) joined with the live rows holding them: the
-        same columns plus `file` (see `path`) and `position`; keys in no live row are left
-        out."""
+        same columns plus `file` (see `data_file`) and `position`; keys in no live row are
+        left out."""
         if self._joined is None:
             tables = list(self._live.values())
             self._joined = pa.concat_tables(tables) if tables else INDEX_SCHEMA.empty_table()
@@ -70,7 +84,7 @@ class KeyIndex:
 
     def file_rows(self, number: int) -> int:
         """Rows the file numbered `number` holds, deleted ones included."""
-        return int(self._raw[self._paths[number]].num_rows)
+        return int(self._raw[self._files[number].path].num_rows)
 
     @property
     def rows(self) -> int:
@@ -78,38 +92,29 @@ class KeyIndex:
         return sum(table.num_rows for table in self._live.values())
 
     def _rows_of(self, data_file: DataFile) -> pa.Table:
-        raw = self._raw.get(data_file.path)
-        if raw is None:
+        number = self._numbers.get(data_file.path)
+        if number is None:
+            number = self._numbers[data_file.path] = self._next_number
+            self._next_number += 1
+        rows = self._raw.get(data_file.path)
+        if rows is None:
             columns = pq.read_table(
                 data_file.local_path(self.table_root), columns=list(KEY_COLUMNS)
             )
-            raw = self._raw[data_file.path] = columns
-        number = self._numbers.get(data_file.path)
-        if number is None:
-            number = self._numbers[data_file.path] = len(self._paths)
-            self._paths.append(data_file.path)
-        rows = _keys_of(raw, number)
-        if data_file.deletion_vector is not None:
-            vector = read_positions(self.table_root, data_file.deletion_vector)
-            deleted = pa.array(list(vector), pa.int64())
-            keep = pc.invert(pc.is_in(rows["position"], value_set=deleted))
-            rows = rows.filter(keep)
-        return rows
+            rows = self._raw[data_file.path] = _keys_of(columns, number)
+        self._files[number] = data_file
+        if data_file.deletion_vector is None:
+            self._deleted[number] = BitMap64()
+            return rows
+        deleted = self._deleted[number] = read_positions(
+            self.table_root, data_file.deletion_vector
+        )
+        hidden = pa.array(np.frombuffer(deleted.to_array(), np.uint64).astype(np.int64))
+        return rows.filter(pc.invert(pc.is_in(rows["position"], value_set=hidden)))
 
 
 def _keys_of(columns: pa.Table, number: int) -> pa.Table:
     rows = columns.append_column(
-        "file", pa.array([number] * columns.num_rows, pa.int32())
-    ).append_column("position", pa.array(range(columns.num_rows), pa.int64()))
+        "file", pa.array(np.full(columns.num_rows, number, np.int32))
+    ).append_column("position", pa.array(np.arange(columns.num_rows, dtype=np.int64)))
     return rows.cast(INDEX_SCHEMA)
-
-
-def positions_by_file(located: pa.Table) -> Mapping[int, list[int]]:
-    """`locate`'s answer as each file's positions, ascending."""
-    grouped = located.group_by("file").aggregate([("position", "list")])
-    return {
-        number: sorted(positions)
-        for number, positions in zip(
-            grouped["file"].to_pylist(), grouped["position_list"].to_pylist(), strict=True
-        )
-    }

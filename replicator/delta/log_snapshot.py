@@ -88,13 +88,6 @@ class LogSnapshot:
     files: Mapping[tuple[str, str | None], DataFile] = field(default_factory=dict)
     txn_versions: Mapping[str, int] = field(default_factory=dict)
 
-    def file_at(self, path: str) -> DataFile | None:
-        """The live file at `path` (at most one: a path has one live vector at a time)."""
-        for data_file in self.files.values():
-            if data_file.path == path:
-                return data_file
-        return None
-
 
 def read_snapshot(table_root: str, since: LogSnapshot | None = None) -> LogSnapshot:
     """The table's newest state; from `since` onwards when given (only later commits read)."""

@@ -8,12 +8,14 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from chispa import assert_df_equality
 
 from replicator.delta.changes import concat_changes
 from replicator.delta.commit_metadata import COMMIT, CommitMetadata
+from replicator.delta.deletion_vectors import read_positions
 from replicator.delta.dv_merge import DeletionVectorMerger
 from replicator.delta.executor import CommitExecutor, WriteStrategy
 from replicator.delta.log_snapshot import read_snapshot
@@ -165,7 +167,34 @@ def test_later_batches_build_on_the_vectors_written_before(spark: Any, tmp_path:
 
     rows = {(r["vbucket"], r["key"]): r["seqno"] for r in mirror.read().collect()}
     assert rows == expected
+    _assert_index_points_at_live_rows(merger, str(tmp_path / "t"), rows)
     owners.release(claim)
+
+
+def _assert_index_points_at_live_rows(
+    merger: DeletionVectorMerger, path: str, rows: dict[tuple[int, str], int]
+) -> None:
+    """After a refresh, the index locates every live document at the one row holding it, and
+    knows each located file's current vector."""
+    merger.index.refresh(read_snapshot(path))
+    keys = pa.table({
+        "vbucket": pa.array([vb for vb, _ in rows], pa.int32()),
+        "collection_id": pa.array([0] * len(rows), pa.int64()),
+        "key": pa.array([key for _, key in rows]),
+    })  # fmt: skip
+    located = merger.index.locate(keys).to_pylist()
+    assert sorted((r["vbucket"], r["key"]) for r in located) == sorted(rows)
+    for number in {r["file"] for r in located}:
+        data_file = merger.index.data_file(number)
+        vector = data_file.deletion_vector
+        hidden = set() if vector is None else set(read_positions(path, vector))
+        assert set(merger.index.deleted(number)) == hidden
+        content = pq.read_table(data_file.local_path(path), columns=["key", "seqno"]).to_pylist()
+        for row in (r for r in located if r["file"] == number):
+            assert row["position"] not in hidden
+            assert content[row["position"]] == {
+                "key": row["key"], "seqno": rows[(row["vbucket"], row["key"])]
+            }
 
 
 def test_a_version_taken_meanwhile_is_planned_again_and_nothing_is_lost(
