@@ -3,6 +3,7 @@ and history as Spark's MERGE of the same batch, exactly once."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -197,6 +198,11 @@ def _assert_index_points_at_live_rows(
             }
 
 
+def _log_entry(table: Path, version: int) -> list[dict[str, Any]]:
+    lines = (table / "_delta_log" / f"{version:020d}.json").read_text().splitlines()
+    return [json.loads(line) for line in lines if line.strip()]
+
+
 def test_a_version_taken_meanwhile_is_planned_again_and_nothing_is_lost(
     spark: Any, tmp_path: Path
 ) -> None:
@@ -222,7 +228,9 @@ def test_a_version_taken_meanwhile_is_planned_again_and_nothing_is_lost(
         kind=COMMIT, batch_id=61, part=1, owner_id=claim.owner_id, strategy="merge",
         positions={0: commits[0].position},
     )  # fmt: skip
-    before = set(os.listdir(tmp_path / "t" / "vbucket_group=0"))
+    group = tmp_path / "t" / "vbucket_group=0"
+    before = set(os.listdir(group))
+    version_before = read_snapshot(str(tmp_path / "t")).version
 
     landed = merger.merge(_changes(commits), metadata)
 
@@ -230,10 +238,19 @@ def test_a_version_taken_meanwhile_is_planned_again_and_nothing_is_lost(
     rows = {(r["vbucket"], r["key"]): r["seqno"] for r in mirror.read().collect()}
     assert rows[(0, "k2")] == 61 and (0, "k6") not in rows and rows[(1, "k2")] == 60
     assert len(rows) == 4 * 40 - 4 - 1  # k4 of each vbucket deleted at load, and k6 of 0
-    # The first plan's files were removed: one new file in the partition, the landed plan's.
-    live = {os.path.basename(f) for f in mirror.read().inputFiles()}
-    added = set(os.listdir(tmp_path / "t" / "vbucket_group=0")) - before
-    assert added <= live | {name for name in added if name.startswith(".")}
+    # The first plan's file was removed: the partition's new files are exactly those Spark's
+    # racing commit and the landed plan (one file) added.
+    adds = {
+        version: {
+            os.path.basename(action["add"]["path"])
+            for action in _log_entry(tmp_path / "t", version)
+            if "add" in action and action["add"]["path"].startswith("vbucket_group=0/")
+        } - before  # (a file given a new vector is added again under its path)
+        for version in range(version_before + 1, landed.version + 1)
+    }
+    assert len(adds) == 2 and len(adds[landed.version]) == 1
+    new_files = {name for name in set(os.listdir(group)) - before if name.endswith(".parquet")}
+    assert new_files == set().union(*adds.values())
     owners.release(claim)
 
 
