@@ -26,7 +26,12 @@ from delta.exceptions import (
 )
 
 from replicator.delta.commit_metadata import CommitMetadata
-from replicator.delta.conflicts import ConflictRetry, delta_conflict_name
+from replicator.delta.conflicts import (
+    ConflictRetry,
+    MergeConflict,
+    delta_conflict_name,
+    retry_on_conflict,
+)
 from replicator.delta.executor import CommitExecutor
 from replicator.delta.ownership import OwnersTable
 from replicator.delta.schema import MirrorConfig
@@ -226,6 +231,7 @@ def test_two_shards_with_failovers_mirror_the_bucket_and_lose_no_commit(
          "ConcurrentDeleteReadException"),
         (ConcurrentTransactionException("[DELTA_CONCURRENT_TRANSACTION]"),
          "ConcurrentTransactionException"),
+        (MergeConflict("other writers took 5 versions in a row"), "MergeConflict"),
         (RuntimeError("ConcurrentAppendException named in the text of another error"), None),
     ],
 )
@@ -239,6 +245,25 @@ def test_conflict_retries_are_bounded_and_paced_by_the_shared_backoff() -> None:
     assert ConflictRetry().backoff == Backoff(initial=0.2, maximum=5.0, deadline=math.inf)
     with pytest.raises(ValueError, match="attempts"):
         ConflictRetry(attempts=0)
+
+
+def test_the_replicator_s_own_writer_losing_its_versions_is_retried_with_backoff() -> None:
+    failures = [MergeConflict("taken"), MergeConflict("taken again")]
+    pauses: list[float] = []
+
+    def commit() -> str:
+        if failures:
+            raise failures.pop(0)
+        return "landed"
+
+    assert retry_on_conflict(commit, pause=pauses.append) == "landed"
+    assert len(pauses) == 2 and all(wait > 0 for wait in pauses)
+    with pytest.raises(MergeConflict):
+        retry_on_conflict(
+            lambda: (_ for _ in ()).throw(MergeConflict("always")),
+            policy=ConflictRetry(attempts=3), pause=pauses.append,
+        )  # fmt: skip
+    assert len(pauses) == 4
 
 
 @pytest.mark.spark

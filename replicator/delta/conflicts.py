@@ -31,7 +31,13 @@ from replicator.model.backoff import Backoff
 T = TypeVar("T")
 log = logging.getLogger(__name__)
 
+class MergeConflict(RuntimeError):
+    """Other writers took every table version the replicator's own steady writer (not Spark)
+    planned a commit for; nothing of it was committed, and it is retried as Delta's are."""
+
+
 RETRIED_CONFLICTS: tuple[type[Exception], ...] = (
+    MergeConflict,
     ConcurrentAppendException,
     ConcurrentDeleteReadException,
     ConcurrentDeleteDeleteException,

@@ -49,6 +49,7 @@ from replicator.delta.arrow_append import (
 )
 from replicator.delta.changes import concat_changes
 from replicator.delta.commit_metadata import CommitMetadata, txn_app_id
+from replicator.delta.conflicts import MergeConflict
 from replicator.delta.deletion_vectors import write_vectors
 from replicator.delta.key_index import KEY_COLUMNS, KeyIndex
 from replicator.delta.log_snapshot import LogSnapshot, carries_txn, read_snapshot
@@ -68,10 +69,6 @@ CHANGE_TYPE = "_change_type"
 
 FEED_SCHEMA = ARROW_DATA_SCHEMA.append(pa.field(CHANGE_TYPE, pa.string(), nullable=False))
 """A change data file's columns (its partition column is in the path, as for data files)."""
-
-
-class MergeConflict(RuntimeError):
-    """Other writers took every version this commit tried; nothing of it was committed."""
 
 
 @dataclass(frozen=True, slots=True)
