@@ -160,7 +160,7 @@ class DeletionVectorMerger:
         )  # one run of ascending positions per touched file
         upsert_mask = pc.equal(changes["op"], UPSERT)
         is_matched = pc.is_in(changes["row"], value_set=located["row"].combine_chunks())
-        touched = _runs(located["file"])
+        touched = runs(located["file"])
         actions: list[dict[str, Any]] = []
         now = int(time.time() * 1000)
         # Deletion vectors: the old one of each touched file and the new positions.
@@ -330,11 +330,11 @@ def _publish(log_file: str, actions: Sequence[Mapping[str, Any]]) -> bool:
     return True
 
 
-def _runs(numbers: pa.ChunkedArray) -> list[tuple[int, int, int]]:
+def runs(numbers: pa.ChunkedArray) -> list[tuple[int, int, int]]:
     """Each run of equal values in sorted `numbers`: the value, where it starts, its length."""
     encoded = pc.run_end_encode(numbers.combine_chunks())
     ends = encoded.run_ends.to_pylist()
-    starts = [0, *ends[:-1]]
+    starts = [0, *ends][: len(ends)]
     return [
         (number, start, end - start)
         for number, start, end in zip(encoded.values.to_pylist(), starts, ends, strict=True)

@@ -11,6 +11,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -25,6 +26,7 @@ from replicator.delta.deletion_vectors import (
     z85_decode,
     z85_encode,
 )
+from replicator.delta.dv_merge import runs
 from replicator.delta.log_snapshot import LogSnapshotError, carries_txn, read_snapshot
 
 DV_TABLE = "delta.enableDeletionVectors = true"
@@ -200,3 +202,13 @@ def test_a_log_entry_carries_only_its_own_txn(tmp_path: Path) -> None:
     assert not carries_txn(str(entry), "replicator-a", 6)
     assert not carries_txn(str(entry), "replicator-b", 7)
     assert not carries_txn(str(tmp_path / f"{4:020d}.json"), "replicator-a", 7)
+
+
+@pytest.mark.parametrize(
+    ("numbers", "expected"),
+    [([], []), ([4], [(4, 0, 1)]), ([1, 1, 3, 7, 7, 7], [(1, 0, 2), (3, 2, 1), (7, 3, 3)])],
+)
+def test_a_sorted_column_s_runs_are_its_files_and_their_rows(
+    numbers: list[int], expected: list[tuple[int, int, int]]
+) -> None:
+    assert runs(pa.chunked_array([numbers], pa.int32())) == expected

@@ -37,7 +37,7 @@ def _loaded(spark: Any, path: Path) -> Any:
     mirror = open_or_create(spark, str(path), MirrorConfig("dv", num_vbuckets=128))
     owners = OwnersTable.of(mirror)
     claim = owners.claim(VBUCKETS)
-    executor = CommitExecutor(mirror, claim, owners)
+    executor = CommitExecutor(mirror, claim, owners, steady_writer="spark")
     executor.execute(batch(1, *(
         vbucket_commit(vb, [upsert(vb, f"k{i}", i + 1) for i in range(40)], seqno=40,
                        first_load=True)
@@ -91,7 +91,7 @@ def test_a_steady_batch_by_deletion_vectors_equals_spark_s_merge(
     commits = _steady_batch()
     owners = OwnersTable.of(by_spark)
     claim = owners.claim(VBUCKETS)
-    CommitExecutor(by_spark, claim, owners).execute(batch(3, *commits))
+    CommitExecutor(by_spark, claim, owners, steady_writer="spark").execute(batch(3, *commits))
     metadata = CommitMetadata(
         kind=COMMIT, batch_id=3, part=1, owner_id=claim.owner_id,
         strategy=WriteStrategy.MERGE.value, positions={c.vbucket: c.position for c in commits},
@@ -160,7 +160,8 @@ def test_later_batches_build_on_the_vectors_written_before(spark: Any, tmp_path:
         # A MERGE by Spark in between: the index must follow another writer's vectors.
         if round_ == 1:
             # (Batch ids grow: one txn id per owner, so a lower one would be taken as done.)
-            CommitExecutor(mirror, claim, owners).execute(batch(batch_id, vbucket_commit(
+            by_spark = CommitExecutor(mirror, claim, owners, steady_writer="spark")
+            by_spark.execute(batch(batch_id, vbucket_commit(
                 0, [upsert(0, "k30", seqno + 1)], seqno=seqno + 1, first_load=False,
                 previous_seqno=seqno)))  # fmt: skip
             expected[(0, "k30")] = seqno + 1
@@ -207,7 +208,7 @@ def test_a_version_taken_meanwhile_is_planned_again_and_nothing_is_lost(
     spark: Any, tmp_path: Path
 ) -> None:
     mirror, owners, claim = _claimed(spark, tmp_path / "t")
-    executor = CommitExecutor(mirror, claim, owners)
+    executor = CommitExecutor(mirror, claim, owners, steady_writer="spark")
 
     class RacedMerger(DeletionVectorMerger):
         raced = False
@@ -325,4 +326,28 @@ def test_spilled_rows_are_read_back_newest_first(spark: Any, tmp_path: Path) -> 
     assert _last_engine(mirror).startswith("replicator")
     rows = {r["key"]: r["seqno"] for r in mirror.read().where("vbucket = 0").collect()}
     assert rows["k1"] == 45 and "k9" not in rows and len(rows) == 38
+    owners.release(claim)
+
+
+def test_a_batch_of_new_documents_only_adds_files(spark: Any, tmp_path: Path) -> None:
+    mirror, owners, claim = _claimed(spark, tmp_path / "t")
+    before = read_snapshot(str(tmp_path / "t"))
+    commits = [vbucket_commit(vb, [upsert(vb, "fresh", 43), delete(vb, "never", 44)], seqno=44,
+                              first_load=False, previous_seqno=42) for vb in (0, 70)]  # fmt: skip
+    metadata = CommitMetadata(
+        kind=COMMIT, batch_id=3, part=1, owner_id=claim.owner_id, strategy="merge",
+        positions={c.vbucket: c.position for c in commits},
+    )  # fmt: skip
+    merger = DeletionVectorMerger(str(tmp_path / "t"), mirror.data_layout)
+
+    landed = merger.merge(_changes(commits), metadata)
+
+    assert landed is not None and merger.last_rows is not None
+    assert (merger.last_rows.inserted, merger.last_rows.updated, merger.last_rows.deleted) == (
+        2, 0, 0
+    )
+    after = read_snapshot(str(tmp_path / "t"))
+    assert set(before.files) < set(after.files) and len(after.files) == len(before.files) + 2
+    rows = {(r["vbucket"], r["key"]) for r in mirror.read().collect()}
+    assert {(0, "fresh"), (70, "fresh")} <= rows and len(rows) == 4 * 39 + 2
     owners.release(claim)
