@@ -165,7 +165,7 @@ class ReplicatorConfig:
     """How often a run asks the producer for its high seqnos: the lag's resolution."""
     first_load_writer: str = "auto"
     """Who appends first loads (FIRST_LOAD_WRITERS)."""
-    steady_writer: str = "spark"
+    steady_writer: str = "deletion-vectors"
     """Who commits steady batches (STEADY_WRITERS): Spark's MERGE, or deletion vectors and new
     files written by the replicator where the table and the batch allow it."""
     history: bool = False

@@ -278,7 +278,7 @@ def test_a_merge_that_loses_a_race_for_its_partition_is_retried_and_lands_once(
     owners = OwnersTable.of(mirror)
     claim = owners.claim([0, 1], "shard-a")
     pauses: list[float] = []
-    executor = CommitExecutor(mirror, claim, owners, pause=pauses.append)
+    executor = CommitExecutor(mirror, claim, owners, pause=pauses.append, steady_writer="spark")
     load = [upsert(0, "a", 1), upsert(0, "b", 2), upsert(1, "c", 1)]
     executor.execute(
         batch(1, vbucket_commit(0, load, seqno=2, first_load=True),

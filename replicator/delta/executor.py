@@ -174,7 +174,7 @@ class CommitExecutor:
         checkpoint_every: int = 1,
         history: HistoryTable | None = None,
         first_load_writer: str = "auto",
-        steady_writer: str = "spark",
+        steady_writer: str = "deletion-vectors",
     ) -> None:
         if checkpoint_every < 1:
             raise ValueError(f"checkpoint_every must be at least 1, got {checkpoint_every}")

@@ -255,11 +255,11 @@ def test_a_version_taken_meanwhile_is_planned_again_and_nothing_is_lost(
     owners.release(claim)
 
 
-def test_the_executor_commits_steady_batches_as_vectors_when_asked(
+def test_the_executor_commits_steady_batches_as_vectors_by_default(
     spark: Any, tmp_path: Path
 ) -> None:
     mirror, owners, claim = _claimed(spark, tmp_path / "t")
-    executor = CommitExecutor(mirror, claim, owners, steady_writer="deletion-vectors")
+    executor = CommitExecutor(mirror, claim, owners)
     commits = _steady_batch()
 
     outcome = executor.execute(batch(3, *commits))
