@@ -475,10 +475,21 @@ def delta_snapshot(spark: SparkSession, path: str) -> Any:
     DeltaTable.detail() and history(). Its version is -1 when `path` has no Delta table.
     Python's Delta API has no such call, so this goes through Delta's DeltaLog class.
     """
+    return _delta_log(spark).forTableWithSnapshot(spark._jsparkSession, path)._2()
+
+
+def _delta_log(spark: SparkSession) -> Any:
+    """Delta's DeltaLog class, `spark` made this thread's active session first.
+
+    Delta computes a snapshot's state with Spark jobs when no checksum file holds it (versions
+    committed without Spark have none), and looks the session up on the calling thread: the
+    commit thread may have run no Spark operation, and the default session goes when another
+    session stops.
+    """
     jvm = spark.sparkContext._jvm
     assert jvm is not None
-    delta_log = jvm.org.apache.spark.sql.delta.DeltaLog
-    return delta_log.forTableWithSnapshot(spark._jsparkSession, path)._2()
+    jvm.org.apache.spark.sql.SparkSession.setActiveSession(spark._jsparkSession)
+    return jvm.org.apache.spark.sql.delta.DeltaLog
 
 
 DELTA_CHECKPOINT_INTERVAL = 10
@@ -489,9 +500,9 @@ version is a multiple of it."""
 def checkpoint_delta_log(spark: SparkSession, path: str) -> None:
     """Write Delta's checkpoint of the table's newest version, as Spark does after its own
     commits: for versions committed without Spark (Arrow appends, deletion-vector merges)."""
+    pair = _delta_log(spark).forTableWithSnapshot(spark._jsparkSession, path)
     jvm = spark.sparkContext._jvm
     assert jvm is not None
-    pair = jvm.org.apache.spark.sql.delta.DeltaLog.forTableWithSnapshot(spark._jsparkSession, path)
     pair._1().checkpoint(pair._2(), jvm.scala.Option.empty())
 
 

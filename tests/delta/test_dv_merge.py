@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ from replicator.delta.executor import CommitExecutor, WriteStrategy
 from replicator.delta.log_snapshot import read_snapshot
 from replicator.delta.ownership import OwnersTable
 from replicator.delta.schema import MirrorConfig
-from replicator.delta.table import open_or_create
+from replicator.delta.table import checkpoint_delta_log, delta_snapshot, open_or_create
 from replicator.planning.planner import VbucketCommit, deduplicate_changes
 from tests.delta.helpers import batch, change_table, delete, upsert, vbucket_commit
 
@@ -350,4 +351,37 @@ def test_a_batch_of_new_documents_only_adds_files(spark: Any, tmp_path: Path) ->
     assert set(before.files) < set(after.files) and len(after.files) == len(before.files) + 2
     rows = {(r["vbucket"], r["key"]) for r in mirror.read().collect()}
     assert {(0, "fresh"), (70, "fresh")} <= rows and len(rows) == 4 * 39 + 2
+    owners.release(claim)
+
+
+def test_delta_s_snapshot_of_a_writer_s_version_is_read_from_a_thread_without_a_session(
+    spark: Any, tmp_path: Path
+) -> None:
+    # The commit thread reads the table's file count and writes Delta's checkpoints through
+    # Delta's JVM classes, which need a session on that thread; it may have none (make test
+    # found the default session gone after another test's session stopped).
+    mirror, owners, claim = _claimed(spark, tmp_path / "t")
+    CommitExecutor(mirror, claim, owners).execute(batch(3, *_steady_batch()))
+    assert _last_engine(mirror).startswith("replicator")
+    jvm_session = spark.sparkContext._jvm.org.apache.spark.sql.SparkSession
+    seen: dict[str, Any] = {}
+
+    def on_a_bare_thread() -> None:
+        jvm_session.clearActiveSession()
+        jvm_session.clearDefaultSession()
+        try:
+            seen["files"] = int(delta_snapshot(spark, str(tmp_path / "t")).numOfFiles())
+            checkpoint_delta_log(spark, str(tmp_path / "t"))
+        except Exception as exc:  # reported below
+            seen["error"] = exc
+        finally:
+            jvm_session.setDefaultSession(spark._jsparkSession)
+
+    thread = threading.Thread(target=on_a_bare_thread)
+    thread.start()
+    thread.join(120)
+    assert "error" not in seen, seen.get("error")
+    snapshot = read_snapshot(str(tmp_path / "t"))
+    assert seen["files"] == len(snapshot.files)
+    assert (tmp_path / "t" / "_delta_log" / f"{snapshot.version:020d}.checkpoint.parquet").exists()
     owners.release(claim)
