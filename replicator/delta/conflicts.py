@@ -31,6 +31,7 @@ from replicator.model.backoff import Backoff
 T = TypeVar("T")
 log = logging.getLogger(__name__)
 
+
 class MergeConflict(RuntimeError):
     """Other writers took every table version the replicator's own steady writer (not Spark)
     planned a commit for; nothing of it was committed, and it is retried as Delta's are."""
