@@ -109,7 +109,7 @@ class DeltaMirrorStore:
                 # counted them, whatever its kind (recounted when it did not count them).
                 self._compactor.note_appended(last.table_files if last else None)
             else:
-                self._compactor.compact_if_due()
+                self._compactor.compact_if_due(last.table_files if last else None)
         # Checked only right after a flush (the table grows by flushes; the check reads its
         # snapshot), and not in a first load, whose few commits are the run's busiest.
         if self._pruner is not None and not self._executor.queued_commits and not all(

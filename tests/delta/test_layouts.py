@@ -233,6 +233,48 @@ def test_a_batch_s_resync_and_first_loads_append_both_count_in_the_compaction_ba
     owners.release(claim)
 
 
+class _CountingCompactor(Compactor):
+    """A compactor that counts its reads of Delta's snapshot."""
+
+    looks = 0
+
+    def table_files(self) -> int:
+        self.looks += 1
+        return super().table_files()
+
+
+def test_a_steady_batch_s_compaction_check_takes_the_writer_s_file_count(
+    spark: Any, tmp_path: Path
+) -> None:
+    # After a version committed without Spark, Delta's snapshot counts files with Spark jobs
+    # (about 2 s a batch on the 1M mirror); the writer has counted them already.
+    mirror = open_or_create(spark, str(tmp_path / "n"), MirrorConfig("travel", num_vbuckets=64))
+    owners = OwnersTable.of(mirror)
+    claim = owners.claim((0, 1))  # both in partition 0: one file per commit
+    compactor = _CountingCompactor(mirror, claim.vbuckets, CompactionPolicy(files_per_partition=3))
+    store = DeltaMirrorStore(CommitExecutor(mirror, claim, owners), owners, claim,
+                             compactor=compactor)  # fmt: skip
+    store.commit(batch(1, *(
+        vbucket_commit(vb, [upsert(vb, f"k{i}", i + 1) for i in range(20)], seqno=20,
+                       first_load=True)
+        for vb in (0, 1)
+    )), replace=frozenset())  # fmt: skip
+    looks = compactor.looks
+    for n in range(2, 5):  # new documents each time: a new file, no file emptied
+        store.commit(batch(n, *(
+            vbucket_commit(vb, [upsert(vb, f"new{n}", 19 + n)], seqno=19 + n, first_load=False,
+                           previous_seqno=18 + n)
+            for vb in (0, 1)
+        )), replace=frozenset())  # fmt: skip
+        if n < 4:
+            newest = mirror.delta().history(1).collect()[0]
+            assert newest["engineInfo"].startswith("replicator")  # the writer's commit
+            assert compactor.looks == looks and compactor.compactions == 0
+    # The third new file made it due: compacted back to one file.
+    assert compactor.compactions == 1 and len(mirror.read().inputFiles()) == 1
+    owners.release(claim)
+
+
 class _SteadyCommitFails(CommitExecutor):
     """An executor whose group commits fail: what a crash during a batch's MERGE leaves."""
 
