@@ -306,7 +306,8 @@ def steady_changes(commits: Sequence[VbucketCommit]) -> pa.Table:
         rows = [*commit.tables, *(pq.read_table(path, schema=CHANGE_SCHEMA)
                                   for path in commit.spill_files)]  # fmt: skip
         (unique if commit.unique_keys else repeating).extend(rows)
-    return concat_changes([deduplicate_changes(concat_changes(repeating)), *unique])
+    changes = concat_changes([deduplicate_changes(concat_changes(repeating)), *unique])
+    return changes.combine_chunks()  # one chunk: the writer filters, takes and sorts it
 
 
 def _publish(log_file: str, actions: Sequence[Mapping[str, Any]]) -> bool:
