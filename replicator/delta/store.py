@@ -189,7 +189,15 @@ class DeltaMirrorStore:
         self._owners.heartbeat(self._claim)
 
     def release(self) -> None:
+        """Write the queued checkpoints and give the vbuckets up.
+
+        Interrupted (a second SIGINT: stop at once), the claim is left to expire: releasing it
+        would be another Spark call on the interrupted connection, whose failure would hide the
+        interrupt and end the run as if it had stopped cleanly.
+        """
         try:
             self._executor.flush_checkpoints()
-        finally:
+        except Exception:
             self._owners.release(self._claim)
+            raise
+        self._owners.release(self._claim)

@@ -299,6 +299,32 @@ def test_a_batch_s_resync_lands_before_its_steady_part(spark: Any, tmp_path: Pat
     owners.release(claim)
 
 
+class _InterruptedFlush(CommitExecutor):
+    """An executor interrupted (a second SIGINT) while it writes the queued checkpoints."""
+
+    def flush_checkpoints(self) -> None:
+        raise KeyboardInterrupt
+
+
+class _FailingFlush(CommitExecutor):
+    def flush_checkpoints(self) -> None:
+        raise RuntimeError("the checkpoints commit failed")
+
+
+def test_an_interrupted_release_stays_interrupted_and_a_failed_one_still_releases(
+    spark: Any, tmp_path: Path
+) -> None:
+    mirror = open_or_create(spark, str(tmp_path / "r"), MirrorConfig("travel", num_vbuckets=8))
+    owners = OwnersTable.of(mirror)
+    claim = owners.claim((0, 1))
+    with pytest.raises(KeyboardInterrupt):
+        DeltaMirrorStore(_InterruptedFlush(mirror, claim, owners), owners, claim).release()
+    assert [r.claim_id for r in owners.records()] == [claim.claim_id]  # left to expire
+    with pytest.raises(RuntimeError, match="checkpoints commit"):
+        DeltaMirrorStore(_FailingFlush(mirror, claim, owners), owners, claim).release()
+    assert owners.records() == []  # released all the same
+
+
 class _FirstReplaceFails(CommitExecutor):
     """An executor whose first REPLACE fails before committing anything."""
 
