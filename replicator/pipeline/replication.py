@@ -25,12 +25,10 @@ and handed to the store at once, which rewinds them in one commit.
 from __future__ import annotations
 
 import logging
-import signal
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -769,36 +767,3 @@ class Replication:
             self._progress.finish(snapshot)
         else:
             self._progress.update(snapshot)
-
-
-@contextmanager
-def stop_on_signals(stop: threading.Event) -> Iterator[None]:
-    """Set `stop` on SIGTERM or SIGINT (main thread only), restoring the old handlers after.
-
-    A second signal stops at once (KeyboardInterrupt): whatever was in flight is abandoned,
-    which loses nothing, since a restart resumes from the last commit.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    received: list[int] = []
-
-    def handler(signum: int, _frame: object) -> None:
-        name = signal.Signals(signum).name
-        received.append(signum)
-        if len(received) > 1:
-            log.warning(
-                "received %s again: stopping at once; the next run resumes from the last commit",
-                name,
-            )
-            raise KeyboardInterrupt
-        log.info("received %s: finishing the current commit and stopping", name)
-        stop.set()
-
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        yield
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)

@@ -23,7 +23,8 @@ from replicator.delta.store import DeltaMirrorStore
 from replicator.errors import ConfigError
 from replicator.model.aliases import FaultHook
 from replicator.pipeline.progress import ProgressReporter
-from replicator.pipeline.replication import Replication, ReplicationSummary, stop_on_signals
+from replicator.pipeline.replication import Replication, ReplicationSummary
+from replicator.pipeline.signals import stop_on_signals
 from replicator.planning.planner import CommitThresholds
 from replicator.source import check_source, connect_source
 from replicator.staging.collections import CollectionRegistry
