@@ -3,6 +3,7 @@ and history as Spark's MERGE of the same batch, exactly once."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -18,7 +19,7 @@ from chispa import assert_df_equality
 from replicator.delta.changes import concat_changes
 from replicator.delta.commit_metadata import COMMIT, CommitMetadata
 from replicator.delta.deletion_vectors import read_positions
-from replicator.delta.dv_merge import DeletionVectorMerger
+from replicator.delta.dv_merge import DeletionVectorMerger, steady_changes
 from replicator.delta.executor import CommitExecutor, WriteStrategy
 from replicator.delta.log_snapshot import read_snapshot
 from replicator.delta.ownership import OwnersTable
@@ -328,6 +329,39 @@ def test_spilled_rows_are_read_back_newest_first(spark: Any, tmp_path: Path) -> 
     rows = {r["key"]: r["seqno"] for r in mirror.read().where("vbucket = 0").collect()}
     assert rows["k1"] == 45 and "k9" not in rows and len(rows) == 38
     owners.release(claim)
+
+
+def test_a_batch_s_changes_keep_each_document_s_newest_row_in_two_chunks_at_most() -> None:
+    """Thousands of staged chunks become one chunk per part (deduplicated, unique-key)."""
+    repeating = [
+        dataclasses.replace(
+            vbucket_commit(vb, [], seqno=60, first_load=False, previous_seqno=1),
+            tables=tuple(change_table([upsert(vb, f"k{i}", 10 * n + i) for i in range(5)])
+                         for n in range(1, 5)),
+        )
+        for vb in range(0, 40, 2)
+    ]  # fmt: skip
+    unique = [
+        dataclasses.replace(
+            vbucket_commit(vb, [], seqno=60, first_load=False, previous_seqno=1),
+            tables=tuple(change_table([upsert(vb, f"k{n}-{i}", 10 * n + i) for i in range(5)])
+                         for n in range(1, 5)),
+            unique_keys=True,
+        )
+        for vb in range(1, 40, 2)
+    ]  # fmt: skip
+
+    changes = steady_changes([*repeating, *unique])
+
+    assert changes.column("key").num_chunks <= 2
+    columns = changes.select(["vbucket", "key", "seqno"])
+    rows = sorted(tuple(r.values()) for r in columns.to_pylist())
+    expected = sorted(
+        [(vb, f"k{i}", 40 + i) for vb in range(0, 40, 2) for i in range(5)]
+        + [(vb, f"k{n}-{i}", 10 * n + i) for vb in range(1, 40, 2) for n in range(1, 5)
+           for i in range(5)]
+    )  # fmt: skip
+    assert rows == expected
 
 
 def test_a_batch_of_new_documents_only_adds_files(spark: Any, tmp_path: Path) -> None:
