@@ -258,12 +258,13 @@ def test_the_replicator_s_own_writer_losing_its_versions_is_retried_with_backoff
 
     assert retry_on_conflict(commit, pause=pauses.append) == "landed"
     assert len(pauses) == 2 and all(wait > 0 for wait in pauses)
+
+    def always_taken() -> str:
+        raise MergeConflict("always")
+
     with pytest.raises(MergeConflict):
-        retry_on_conflict(
-            lambda: (_ for _ in ()).throw(MergeConflict("always")),
-            policy=ConflictRetry(attempts=3), pause=pauses.append,
-        )  # fmt: skip
-    assert len(pauses) == 4
+        retry_on_conflict(always_taken, policy=ConflictRetry(attempts=3), pause=pauses.append)
+    assert len(pauses) == 4  # two more: three attempts, a pause between each
 
 
 @pytest.mark.spark
