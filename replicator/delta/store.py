@@ -191,9 +191,8 @@ class DeltaMirrorStore:
     def release(self) -> None:
         """Write the queued checkpoints and give the vbuckets up.
 
-        Interrupted (a second SIGINT: stop at once), the claim is left to expire: releasing it
-        would be another Spark call on the interrupted connection, whose failure would hide the
-        interrupt and end the run as if it had stopped cleanly.
+        Interrupted (a second SIGINT: stop at once), the claim is left to expire with its lease:
+        releasing it would be one more Spark commit after the operator asked for none.
         """
         try:
             self._executor.flush_checkpoints()
