@@ -37,8 +37,15 @@ class MergeConflict(RuntimeError):
     planned a commit for; nothing of it was committed, and it is retried as Delta's are."""
 
 
+class LeaseRenewalConflict(RuntimeError):
+    """delta-rs refused a lease renewal: a commit that landed first removed the file holding
+    the claim's row (a rival evicting it, or a rewrite). Retried: the next attempt reads the
+    row again, if it is still there."""
+
+
 RETRIED_CONFLICTS: tuple[type[Exception], ...] = (
     MergeConflict,
+    LeaseRenewalConflict,
     ConcurrentAppendException,
     ConcurrentDeleteReadException,
     ConcurrentDeleteDeleteException,

@@ -27,6 +27,7 @@ from pyspark.sql.types import StringType, StructField, StructType
 
 from replicator.config import vbucket_ranges
 from replicator.delta.conflicts import is_concurrent_modification, retry_on_conflict
+from replicator.delta.lease_renewal import LeaseRenewer, lease_renewer_for
 from replicator.delta.schema import OWNER_SCHEMA
 from replicator.delta.table import (
     MirrorTable,
@@ -112,7 +113,10 @@ class OwnersTable:
     """Claims, heartbeats, releases and fencing checks against the owners table at `path`.
 
     `clock` gives the current time (tests move it instead of sleeping). `step_hook` is called
-    with "after_check" between reading the table and committing a claim (tests inject races).
+    with "after_check" between reading the table and committing a claim, and with
+    "before_renewal" between reading it and committing a heartbeat (tests inject races).
+    Heartbeats are delta-rs's UPDATE on the local filesystem (`lease_renewal`), Spark's MERGE
+    elsewhere or with `spark_heartbeats`.
     """
 
     def __init__(
@@ -122,11 +126,13 @@ class OwnersTable:
         *,
         clock: Callable[[], datetime] = now_utc,
         step_hook: Callable[[str], None] | None = None,
+        spark_heartbeats: bool = False,
     ) -> None:
         self.spark = spark
         self.path = path
         self._clock = clock
         self._step_hook = step_hook
+        self._renewer: LeaseRenewer | None = None if spark_heartbeats else lease_renewer_for(path)
         self._safe_until: dict[str, datetime] = {}
         """Per claim: until when no rival can have taken it over (its lease, with a margin)."""
 
@@ -137,9 +143,13 @@ class OwnersTable:
         *,
         clock: Callable[[], datetime] = now_utc,
         step_hook: Callable[[str], None] | None = None,
+        spark_heartbeats: bool = False,
     ) -> OwnersTable:
         """The owners table of a mirror."""
-        return cls(mirror.spark, mirror.layout.owners, clock=clock, step_hook=step_hook)
+        return cls(
+            mirror.spark, mirror.layout.owners, clock=clock, step_hook=step_hook,
+            spark_heartbeats=spark_heartbeats,
+        )  # fmt: skip
 
     def records(self, version: int | None = None) -> list[OwnerRecord]:
         """Every row of the owners table (at `version` when given)."""
@@ -208,6 +218,30 @@ class OwnersTable:
     def heartbeat(self, claim: OwnerClaim) -> None:
         """Renew the claim's lease; OwnershipConflict if it was taken over or released."""
         moment = self._clock()
+        metadata = _metadata("heartbeat", claim)
+        what = f"heartbeat of owner {claim.owner_id!r}"
+        renewer = self._renewer
+        if renewer is not None:
+            updated = retry_on_conflict(
+                lambda: renewer.renew(
+                    claim.claim_id, moment, metadata, before_commit=self._before_renewal
+                ),
+                what=what,
+            )
+        else:
+            updated = self._spark_heartbeat(claim, moment, metadata, what)
+        if updated == 0:
+            self._safe_until.pop(claim.claim_id, None)
+            raise self._lost(claim)
+        self._confirmed(claim, moment)
+
+    def _before_renewal(self) -> None:
+        if self._step_hook is not None:
+            self._step_hook("before_renewal")
+
+    def _spark_heartbeat(
+        self, claim: OwnerClaim, moment: datetime, metadata: str, what: str
+    ) -> int:
         micros = _micros(moment)
 
         def update() -> int:
@@ -218,12 +252,8 @@ class OwnersTable:
             ).first()
             return int(row["num_updated_rows"]) if row is not None else 0
 
-        with delta_write_confs(self.spark, user_metadata=_metadata("heartbeat", claim)):
-            updated = retry_on_conflict(update, what=f"heartbeat of owner {claim.owner_id!r}")
-        if updated == 0:
-            self._safe_until.pop(claim.claim_id, None)
-            raise self._lost(claim)
-        self._confirmed(claim, moment)
+        with delta_write_confs(self.spark, user_metadata=metadata):
+            return retry_on_conflict(update, what=what)
 
     def release(self, claim: OwnerClaim) -> None:
         """Give the vbuckets up (a no-op if the claim is already gone)."""
