@@ -28,7 +28,6 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlparse
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -37,7 +36,7 @@ import pyarrow.parquet as pq
 from replicator.delta.changes import concat_changes
 from replicator.delta.commit_metadata import CommitMetadata, txn_app_id
 from replicator.delta.log_snapshot import carries_txn
-from replicator.delta.paths import local_path
+from replicator.delta.paths import local_path, on_local_filesystem
 from replicator.delta.schema import DATA_COLUMNS, DataLayout
 from replicator.planning.planner import VbucketCommit, deduplicate_changes
 from replicator.staging.rows import CHANGE_SCHEMA, UPSERT
@@ -96,7 +95,7 @@ def _checked(path: str, layouts: Sequence[DataLayout]) -> tuple[str | None, Delt
     """`arrow_append_refusal`'s answer, and the table it opened (None if it opened none)."""
     from deltalake import DeltaTable
 
-    if urlparse(path).scheme not in ("", "file"):
+    if not on_local_filesystem(path):
         return "the table is not on the local filesystem", None
     table = DeltaTable(path)
     protocol = table.protocol()

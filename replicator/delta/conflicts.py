@@ -10,7 +10,8 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -37,15 +38,15 @@ class MergeConflict(RuntimeError):
     planned a commit for; nothing of it was committed, and it is retried as Delta's are."""
 
 
-class LeaseRenewalConflict(RuntimeError):
-    """delta-rs refused a lease renewal: a commit that landed first removed the file holding
-    the claim's row (a rival evicting it, or a rewrite). Retried: the next attempt reads the
-    row again, if it is still there."""
+class DeltaRsConflict(RuntimeError):
+    """delta-rs refused a commit of the replicator's own tables: a commit that landed first
+    touched what this one read (a rival's eviction of the claim a heartbeat renews, a metadata
+    change). Retried: the next attempt reads the table again."""
 
 
 RETRIED_CONFLICTS: tuple[type[Exception], ...] = (
     MergeConflict,
-    LeaseRenewalConflict,
+    DeltaRsConflict,
     ConcurrentAppendException,
     ConcurrentDeleteReadException,
     ConcurrentDeleteDeleteException,
@@ -67,6 +68,17 @@ DELTA_CONFLICTS: tuple[type[Exception], ...] = (
     DeltaConcurrentModificationException,
 )
 """Every Delta concurrency exception (Delta's Python classes do not share a base class)."""
+
+
+@contextmanager
+def delta_rs_conflicts(what: str) -> Iterator[None]:
+    """delta-rs's refusal of a commit (its CommitFailedError) raised as DeltaRsConflict."""
+    from deltalake.exceptions import CommitFailedError
+
+    try:
+        yield
+    except CommitFailedError as exc:
+        raise DeltaRsConflict(f"{what} lost a race with another commit: {exc}") from exc
 
 
 def delta_conflict_name(exc: BaseException) -> str | None:

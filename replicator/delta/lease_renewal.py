@@ -5,7 +5,7 @@ thread, 2 to 4 s each time (every 15 s; measured in the README, "Heartbeats with
 delta-rs's UPDATE, 10 to 25 ms. The commit is the same: the file holding the claim's row is
 rewritten, with the heartbeat's userMetadata. Optimistic concurrency is delta-rs's: when a commit
 that landed first removed the file this one read (a rival evicting the claim), the renewal is
-refused (`LeaseRenewalConflict`, retried); a commit that touched other files (another shard's
+refused (`DeltaRsConflict`, retried); a commit that touched other files (another shard's
 heartbeat or claim) is rebased onto. Checkpoints and log clean-up follow the table's
 properties, as Spark's post-commit hook does.
 
@@ -19,10 +19,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import datetime
 from typing import TYPE_CHECKING
-from urllib.parse import urlparse
 
-from replicator.delta.conflicts import LeaseRenewalConflict
-from replicator.delta.paths import local_path
+from replicator.delta.conflicts import DeltaRsConflict, delta_rs_conflicts
+from replicator.delta.paths import local_path, on_local_filesystem
 
 if TYPE_CHECKING:
     from deltalake import DeltaTable
@@ -47,7 +46,6 @@ class LeaseRenewer:
         gone). `before_commit` runs between reading the table and committing (tests race there).
         """
         from deltalake import DeltaTable
-        from deltalake.exceptions import CommitFailedError
         from deltalake.transaction import CommitProperties
 
         if not claim_id.isalnum():
@@ -59,19 +57,22 @@ class LeaseRenewer:
         if before_commit is not None:
             before_commit()
         try:
-            metrics = self._table.update(
-                new_values={"heartbeat_at": moment},
-                predicate=f"claim_id = '{claim_id}'",
-                commit_properties=CommitProperties(custom_metadata={"userMetadata": user_metadata}),
-            )
-        except CommitFailedError as exc:
+            with delta_rs_conflicts("the lease renewal"):
+                metrics = self._table.update(
+                    new_values={"heartbeat_at": moment},
+                    predicate=f"claim_id = '{claim_id}'",
+                    commit_properties=CommitProperties(
+                        custom_metadata={"userMetadata": user_metadata}
+                    ),
+                )
+        except DeltaRsConflict:
             self._table = None  # read afresh at the next attempt
-            raise LeaseRenewalConflict(f"the lease renewal lost a race: {exc}") from exc
+            raise
         return int(metrics["num_updated_rows"])
 
 
 def lease_renewer_for(path: str) -> LeaseRenewer | None:
     """The delta-rs renewer of the owners table at `path`; None off the local filesystem."""
-    if urlparse(path).scheme not in ("", "file"):
+    if not on_local_filesystem(path):
         return None
     return LeaseRenewer(path)

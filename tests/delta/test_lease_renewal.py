@@ -80,7 +80,7 @@ def test_a_heartbeat_racing_the_claim_that_evicts_it_loses_and_is_not_resurrecte
 
     # delta-rs refused the commit that read the evicted row's file; the retry found no row.
     assert "heartbeat of owner 'vb210-211' conflicted" in caplog.text
-    assert "LeaseRenewalConflict" in caplog.text
+    assert "DeltaRsConflict" in caplog.text
     assert taken and _holders(taker, {210, 211, 212}) == {taken[0].claim_id: clock.now}
 
 
