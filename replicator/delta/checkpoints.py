@@ -4,6 +4,10 @@ Written after the data commits, in commits of its own (Delta has no multi-table 
 one for several data commits when the executor queues them: it can lag the data table by those
 commits after a crash, and recovery repairs it from the data commits' metadata. Appends are
 idempotent: they carry the owner's txnAppId and the newest data commit's txnVersion.
+
+On the local filesystem delta-rs commits the appends, in this process: a few thousand rows
+every heartbeat, which Spark's append took 1 to 1.5 s of the commit thread to write (its fixed
+costs, not the rows). Elsewhere, or with `spark_appends`, Spark appends them.
 """
 
 from __future__ import annotations
@@ -14,22 +18,46 @@ from datetime import datetime
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
+import pyarrow as pa
+
 from replicator.delta.commit_metadata import txn_app_id
+from replicator.delta.conflicts import DeltaRsConflict, delta_rs_conflicts
+from replicator.delta.paths import local_path, on_local_filesystem
 from replicator.delta.schema import CHECKPOINT_SCHEMA, in_list
 from replicator.delta.table import (
     SESSION_WRITE_LOCK,
     CommitRecord,
     MirrorTable,
     as_utc,
+    delta_snapshot,
     only_created,
 )
 from replicator.model.positions import VbucketPosition
 
 if TYPE_CHECKING:
-    import pyarrow as pa
+    from deltalake import DeltaTable
     from pyspark.sql import DataFrame, SparkSession
 
 CHECKPOINT_COLUMNS = tuple(field.name for field in CHECKPOINT_SCHEMA.fields)
+
+
+ARROW_CHECKPOINT_SCHEMA = pa.schema(
+    [
+        pa.field("owner_id", pa.string(), nullable=False),
+        pa.field("batch_id", pa.int64(), nullable=False),
+        pa.field("table_version", pa.int64(), nullable=False),
+        pa.field("kind", pa.string(), nullable=False),
+        pa.field("vbucket", pa.int32(), nullable=False),
+        pa.field("vbucket_uuid", pa.decimal128(20, 0), nullable=False),
+        pa.field("seqno", pa.int64(), nullable=False),
+        pa.field("snapshot_start", pa.int64(), nullable=False),
+        pa.field("snapshot_end", pa.int64(), nullable=False),
+        pa.field("purge_seqno", pa.int64(), nullable=False),
+        pa.field("manifest_uid", pa.int64(), nullable=False),
+        pa.field("committed_at", pa.timestamp("us", tz="UTC"), nullable=False),
+    ]
+)
+"""CHECKPOINT_SCHEMA as delta-rs appends it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,14 +97,16 @@ class CheckpointsOverview:
 class CheckpointsTable:
     """Reads and appends rows of the checkpoints table at `path`."""
 
-    def __init__(self, spark: SparkSession, path: str) -> None:
+    def __init__(self, spark: SparkSession, path: str, *, spark_appends: bool = False) -> None:
         self.spark = spark
         self.path = path
+        self._by_delta_rs = not spark_appends and on_local_filesystem(path)
+        self._table: DeltaTable | None = None
 
     @classmethod
-    def of(cls, mirror: MirrorTable) -> CheckpointsTable:
+    def of(cls, mirror: MirrorTable, *, spark_appends: bool = False) -> CheckpointsTable:
         """The checkpoints table of a mirror."""
-        return cls(mirror.spark, mirror.layout.checkpoints)
+        return cls(mirror.spark, mirror.layout.checkpoints, spark_appends=spark_appends)
 
     def record(self, commits: Sequence[CommitRecord]) -> None:
         """Append one row per vbucket of each data commit, one append per owner.
@@ -106,6 +136,10 @@ class CheckpointsTable:
                 for commit in owned
                 for position in sorted(commit.metadata.positions.values(), key=lambda p: p.vbucket)
             ]
+            version = max(c.metadata.txn_version for c in owned)
+            if self._by_delta_rs:
+                self._append_by_delta_rs(rows, txn_app_id(owner_id), version)
+                continue
             # One file per append: a list becomes one partition per core (two here, dozens
             # on a cluster), each a file of a few rows that every later read opens.
             frame = self.spark.createDataFrame(rows, CHECKPOINT_SCHEMA).coalesce(1)
@@ -114,12 +148,58 @@ class CheckpointsTable:
                     frame.write.format("delta")
                     .mode("append")
                     .option("txnAppId", txn_app_id(owner_id))
-                    .option("txnVersion", max(c.metadata.txn_version for c in owned))
+                    .option("txnVersion", version)
                     .save(self.path)
                 )
 
+    def _append_by_delta_rs(
+        self, rows: Sequence[tuple[Any, ...]], app_id: str, version: int
+    ) -> None:
+        """Append `rows` in one file, unless `version` of `app_id` is recorded already (as
+        Spark's append skips it)."""
+        from deltalake import DeltaTable, write_deltalake
+        from deltalake.transaction import CommitProperties, Transaction
+
+        if self._table is None:
+            self._table = DeltaTable(local_path(self.path))
+        else:
+            self._table.update_incremental()
+        recorded = self._table.transaction_version(app_id)
+        if recorded is not None and recorded >= version:
+            return
+        columns = list(zip(*rows, strict=True))
+        data = pa.Table.from_arrays(
+            [pa.array(column, type=field.type) for column, field in zip(
+                columns, ARROW_CHECKPOINT_SCHEMA, strict=True)],
+            schema=ARROW_CHECKPOINT_SCHEMA,
+        )  # fmt: skip
+        try:
+            with delta_rs_conflicts("appending checkpoints"):
+                write_deltalake(
+                    self._table, data, mode="append",
+                    commit_properties=CommitProperties(
+                        app_transactions=[Transaction(app_id=app_id, version=version)]
+                    ),
+                )  # fmt: skip
+        except DeltaRsConflict:
+            self._table = None  # read afresh at the next attempt
+            raise
+
     def read(self) -> DataFrame:
         return self.spark.read.format("delta").load(self.path)
+
+    def live_files(self) -> int:
+        """The table's files now. From delta-rs when it appends: Delta's snapshot of a version
+        Spark did not commit has no checksum, and counting its files is a Spark job."""
+        if not self._by_delta_rs:
+            return int(delta_snapshot(self.spark, self.path).numOfFiles())
+        from deltalake import DeltaTable
+
+        if self._table is None:
+            self._table = DeltaTable(local_path(self.path))
+        else:
+            self._table.update_incremental()
+        return len(self._table.file_uris())
 
     def latest(self, vbuckets: Iterable[int] | None = None) -> dict[int, Checkpoint]:
         """The newest checkpoint (highest table version) of each vbucket that has one."""

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
+from replicator.delta.checkpoints import CheckpointsTable
 from replicator.delta.commit_metadata import RESYNC, ROLLBACK
 from replicator.delta.conflicts import is_concurrent_modification
 from replicator.delta.schema import in_list
@@ -189,6 +190,7 @@ class MetadataPruner:
     ) -> None:
         self.mirror = mirror
         self.path = mirror.layout.checkpoints
+        self._checkpoints = CheckpointsTable.of(mirror)
         self.vbuckets = tuple(sorted(set(vbuckets)))
         self.retention = retention or CheckpointRetention(
             daily_for=mirror.config.deleted_file_retention
@@ -199,8 +201,8 @@ class MetadataPruner:
         self.prunes = 0
 
     def table_files(self) -> int:
-        """Files of the checkpoints table (from Delta's snapshot, no Spark job)."""
-        return int(delta_snapshot(self.mirror.spark, self.path).numOfFiles())
+        """Files of the checkpoints table (no Spark job)."""
+        return self._checkpoints.live_files()
 
     def due(self) -> bool:
         if not self.vbuckets:
