@@ -95,7 +95,8 @@ def _rate(value: float) -> str:
     return f"{value:,.0f}"
 
 
-def _lag_text(st: SteadyStateResult) -> str:
+def lag_text(st: SteadyStateResult) -> str:
+    """The steady state's lag, drain and warm-up, as the report's detail column says them."""
     if st.lag.rows == 0:
         lag = "lag not measured: no change of the window was committed"
     else:
@@ -110,7 +111,15 @@ def _lag_text(st: SteadyStateResult) -> str:
         else f"drained {st.drained_after_s:.1f} s after the window"
     )
     warm = "" if st.warmed_up else "; never caught up before the window"
-    return f"{lag}; {drained}{warm}"
+    loading = ""
+    if st.vbuckets_loading_at_start and st.lag_loaded_vbuckets is not None:
+        rest = st.lag_loaded_vbuckets
+        loading = (
+            f"; {st.vbuckets_loading_at_start} vbuckets still in their first load when the "
+            f"window opened; the others' rows: lag p50 {rest.p50_ms / 1000:.2f} s, "
+            f"p99 {rest.p99_ms / 1000:.2f} s ({rest.rows:,} rows)"
+        )
+    return f"{lag}; {drained}{warm}{loading}"
 
 
 def measurement_rows(report: BenchReport) -> list[tuple[str, str, str]]:
@@ -174,7 +183,7 @@ def measurement_rows(report: BenchReport) -> list[tuple[str, str, str]]:
         rows.append((
             f"5. steady state, offered {_rate(st.offered_rate)}/s",
             f"{_rate(st.committed_rate)}/s committed",
-            f"applied {_rate(st.applied_rate)}/s over {st.window_seconds:.0f} s; {_lag_text(st)}; "
+            f"applied {_rate(st.applied_rate)}/s over {st.window_seconds:.0f} s; {lag_text(st)}; "
             f"keeps up: {'yes' if st.keeps_up else 'NO'}; files {st.data_files:,} "
             f"({st.files_after_optimize:,} after a full OPTIMIZE)",
         ))

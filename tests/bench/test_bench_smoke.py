@@ -18,7 +18,13 @@ from replicator.bench.drain import DrainResult
 from replicator.bench.goals import GoalCheck, evaluate_goals
 from replicator.bench.memory import MemoryResult
 from replicator.bench.presets import PRESETS
-from replicator.bench.report import SECTIONS, BenchReport, render_markdown, render_table
+from replicator.bench.report import (
+    SECTIONS,
+    BenchReport,
+    lag_text,
+    render_markdown,
+    render_table,
+)
 from replicator.bench.report import write_report as write_bench_report
 from replicator.bench.rollback import RollbackResult, commit_file_actions
 from replicator.bench.steady_state import LagPercentiles, SteadyStateResult, committed_rate_over
@@ -80,6 +86,13 @@ def test_smoke_numbers_are_sane(smoke_run: tuple[BenchReport, dict[str, Any], Pa
     assert steady["applied_rate"] > 0 and steady["committed_rate"] > 0
     assert steady["lag"]["rows"] > 0
     assert 0 <= steady["lag"]["p50_ms"] <= steady["lag"]["p99_ms"] <= steady["lag"]["max_ms"]
+    # The rows of vbuckets loaded before the window are some of the window's rows, all of them
+    # when no vbucket was still in its first load.
+    loading, loaded = steady["vbuckets_loading_at_start"], steady["lag_loaded_vbuckets"]
+    assert 0 <= loading < preset.vbuckets
+    assert 0 < loaded["rows"] <= steady["lag"]["rows"]
+    if loading == 0:
+        assert loaded == steady["lag"]
     transactions = document["transactions"]
     committed = sum(
         1 for t in Workload(WORKLOAD).transactions(preset.drizzle_transactions) if t.committed
@@ -166,6 +179,14 @@ def _steady(**overrides: Any) -> SteadyStateResult:
     }  # fmt: skip
     values.update(overrides)
     return SteadyStateResult(**values)
+
+
+def test_the_lag_text_says_how_many_vbuckets_were_still_loading_and_the_others_lag() -> None:
+    others = LagPercentiles(rows=90, p50_ms=1_500.0, p99_ms=4_250.0, max_ms=5_000.0)
+    text = lag_text(_steady(vbuckets_loading_at_start=425, lag_loaded_vbuckets=others))
+    assert "425 vbuckets still in their first load when the window opened" in text
+    assert "the others' rows: lag p50 1.50 s, p99 4.25 s (90 rows)" in text
+    assert "first load" not in lag_text(_steady(lag_loaded_vbuckets=others))
 
 
 def test_file_goal_judges_the_longest_steady_window() -> None:
