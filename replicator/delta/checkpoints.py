@@ -157,14 +157,11 @@ class CheckpointsTable:
     ) -> None:
         """Append `rows` in one file, unless `version` of `app_id` is recorded already (as
         Spark's append skips it)."""
-        from deltalake import DeltaTable, write_deltalake
+        from deltalake import write_deltalake
         from deltalake.transaction import CommitProperties, Transaction
 
-        if self._table is None:
-            self._table = DeltaTable(local_path(self.path))
-        else:
-            self._table.update_incremental()
-        recorded = self._table.transaction_version(app_id)
+        table = self._current_table()
+        recorded = table.transaction_version(app_id)
         if recorded is not None and recorded >= version:
             return
         columns = list(zip(*rows, strict=True))
@@ -176,7 +173,7 @@ class CheckpointsTable:
         try:
             with delta_rs_conflicts("appending checkpoints"):
                 write_deltalake(
-                    self._table, data, mode="append",
+                    table, data, mode="append",
                     commit_properties=CommitProperties(
                         app_transactions=[Transaction(app_id=app_id, version=version)]
                     ),
@@ -193,13 +190,17 @@ class CheckpointsTable:
         Spark did not commit has no checksum, and counting its files is a Spark job."""
         if not self._by_delta_rs:
             return int(delta_snapshot(self.spark, self.path).numOfFiles())
+        return len(self._current_table().file_uris())
+
+    def _current_table(self) -> DeltaTable:
+        """delta-rs's handle on the table, brought up to its newest version."""
         from deltalake import DeltaTable
 
         if self._table is None:
             self._table = DeltaTable(local_path(self.path))
         else:
             self._table.update_incremental()
-        return len(self._table.file_uris())
+        return self._table
 
     def latest(self, vbuckets: Iterable[int] | None = None) -> dict[int, Checkpoint]:
         """The newest checkpoint (highest table version) of each vbucket that has one."""
