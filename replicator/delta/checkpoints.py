@@ -19,6 +19,7 @@ from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
+from pyspark.sql.pandas.types import to_arrow_schema
 
 from replicator.delta.commit_metadata import txn_app_id
 from replicator.delta.conflicts import DeltaRsConflict, delta_rs_conflicts
@@ -41,23 +42,9 @@ if TYPE_CHECKING:
 CHECKPOINT_COLUMNS = tuple(field.name for field in CHECKPOINT_SCHEMA.fields)
 
 
-ARROW_CHECKPOINT_SCHEMA = pa.schema(
-    [
-        pa.field("owner_id", pa.string(), nullable=False),
-        pa.field("batch_id", pa.int64(), nullable=False),
-        pa.field("table_version", pa.int64(), nullable=False),
-        pa.field("kind", pa.string(), nullable=False),
-        pa.field("vbucket", pa.int32(), nullable=False),
-        pa.field("vbucket_uuid", pa.decimal128(20, 0), nullable=False),
-        pa.field("seqno", pa.int64(), nullable=False),
-        pa.field("snapshot_start", pa.int64(), nullable=False),
-        pa.field("snapshot_end", pa.int64(), nullable=False),
-        pa.field("purge_seqno", pa.int64(), nullable=False),
-        pa.field("manifest_uid", pa.int64(), nullable=False),
-        pa.field("committed_at", pa.timestamp("us", tz="UTC"), nullable=False),
-    ]
-)
-"""CHECKPOINT_SCHEMA as delta-rs appends it."""
+ARROW_CHECKPOINT_SCHEMA = to_arrow_schema(CHECKPOINT_SCHEMA)
+"""CHECKPOINT_SCHEMA as delta-rs appends it (PySpark's own conversion: decimal(20, 0) uuids,
+microsecond UTC timestamps, NOT NULL kept)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,12 +151,8 @@ class CheckpointsTable:
         recorded = table.transaction_version(app_id)
         if recorded is not None and recorded >= version:
             return
-        columns = list(zip(*rows, strict=True))
-        data = pa.Table.from_arrays(
-            [pa.array(column, type=field.type) for column, field in zip(
-                columns, ARROW_CHECKPOINT_SCHEMA, strict=True)],
-            schema=ARROW_CHECKPOINT_SCHEMA,
-        )  # fmt: skip
+        columns = zip(CHECKPOINT_COLUMNS, zip(*rows, strict=True), strict=True)
+        data = pa.table(dict(columns), schema=ARROW_CHECKPOINT_SCHEMA)
         try:
             with delta_rs_conflicts("appending checkpoints"):
                 write_deltalake(
