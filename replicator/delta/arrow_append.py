@@ -36,7 +36,7 @@ import pyarrow.parquet as pq
 from replicator.delta.changes import concat_changes
 from replicator.delta.commit_metadata import CommitMetadata, txn_app_id
 from replicator.delta.log_snapshot import carries_txn
-from replicator.delta.paths import local_path, on_local_filesystem
+from replicator.delta.paths import local_path, newest_table, on_local_filesystem
 from replicator.delta.schema import DATA_COLUMNS, DataLayout
 from replicator.planning.planner import VbucketCommit, deduplicate_changes
 from replicator.staging.rows import CHANGE_SCHEMA, UPSERT
@@ -181,18 +181,13 @@ class ArrowAppender:
         """Commit `batches` with `metadata`; None when a commit of this owner with this txn
         version or a later one is in the table already (Spark's append skips such a write
         the same way)."""
-        from deltalake import DeltaTable
         from deltalake.transaction import (
             CommitProperties,
             PostCommitHookProperties,
             Transaction,
         )
 
-        if self._table is None:
-            self._table = DeltaTable(self.path)
-        else:
-            self._table.update_incremental()
-        table = self._table
+        table = self._table = newest_table(self._table, self.path)
         app_id = txn_app_id(metadata.owner_id)
         recorded = table.transaction_version(app_id)
         if recorded is not None and recorded >= metadata.txn_version:

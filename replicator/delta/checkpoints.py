@@ -23,7 +23,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 
 from replicator.delta.commit_metadata import txn_app_id
 from replicator.delta.conflicts import DeltaRsConflict, delta_rs_conflicts
-from replicator.delta.paths import local_path, on_local_filesystem
+from replicator.delta.paths import newest_table, on_local_filesystem
 from replicator.delta.schema import CHECKPOINT_SCHEMA, in_list
 from replicator.delta.table import (
     SESSION_WRITE_LOCK,
@@ -176,13 +176,7 @@ class CheckpointsTable:
         return len(self._current_table().file_uris())
 
     def _current_table(self) -> DeltaTable:
-        """delta-rs's handle on the table, brought up to its newest version."""
-        from deltalake import DeltaTable
-
-        if self._table is None:
-            self._table = DeltaTable(local_path(self.path))
-        else:
-            self._table.update_incremental()
+        self._table = newest_table(self._table, self.path)
         return self._table
 
     def latest(self, vbuckets: Iterable[int] | None = None) -> dict[int, Checkpoint]:

@@ -21,7 +21,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from replicator.delta.conflicts import DeltaRsConflict, delta_rs_conflicts
-from replicator.delta.paths import local_path, on_local_filesystem
+from replicator.delta.paths import local_path, newest_table, on_local_filesystem
 
 if TYPE_CHECKING:
     from deltalake import DeltaTable
@@ -45,20 +45,16 @@ class LeaseRenewer:
         """Set the claim's heartbeat to `moment`; the number of rows updated (0: the claim is
         gone). `before_commit` runs between reading the table and committing (tests race there).
         """
-        from deltalake import DeltaTable
         from deltalake.transaction import CommitProperties
 
         if not claim_id.isalnum():
             raise ValueError(f"a claim id is alphanumeric, got {claim_id!r}")
-        if self._table is None:
-            self._table = DeltaTable(self.path)
-        else:
-            self._table.update_incremental()
+        table = self._table = newest_table(self._table, self.path)
         if before_commit is not None:
             before_commit()
         try:
             with delta_rs_conflicts("the lease renewal"):
-                metrics = self._table.update(
+                metrics = table.update(
                     new_values={"heartbeat_at": moment},
                     predicate=f"claim_id = '{claim_id}'",
                     commit_properties=CommitProperties(
