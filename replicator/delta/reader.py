@@ -28,6 +28,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from urllib.parse import urlparse
 
+from replicator.delta.paths import local_path, on_local_filesystem
 from replicator.errors import ConfigError, ReplicatorError
 
 if TYPE_CHECKING:
@@ -234,8 +235,7 @@ class DeltaRsReader:
         return keys.num_rows, chosen.sort_by(order).slice(0, limit).select(list(columns))
 
     def missing_files(self, path: str, version: int) -> list[str]:
-        parsed = urlparse(path)
-        if parsed.scheme not in ("", "file"):
+        if not on_local_filesystem(path):
             return []  # an object store is not listed here; the read itself will fail
         uris = self._table(path, version).file_uris()
         return [uri for uri in uris if not os.path.exists(urlparse(uri).path or uri)]
@@ -477,10 +477,9 @@ def _with_commit_file_times(path: str, entries: list[HistoryEntry]) -> list[Hist
     """
     from dataclasses import replace
 
-    parsed = urlparse(path)
-    if parsed.scheme not in ("", "file"):
+    if not on_local_filesystem(path):
         return entries
-    log_dir = os.path.join(parsed.path if parsed.scheme else path, "_delta_log")
+    log_dir = os.path.join(local_path(path), "_delta_log")
     timed: list[HistoryEntry] = []
     previous_ms = -1
     for entry in entries:
