@@ -378,17 +378,6 @@ def _configure_logging(verbose: bool, *, quiet: bool = False) -> None:
     )
     # py4j logs every gateway call at INFO: noise to an operator.
     logging.getLogger("py4j").setLevel(logging.WARNING)
-    logging.getLogger().addFilter(_drop_interrupted_gateway_call)
-
-
-def _drop_interrupted_gateway_call(record: logging.LogRecord) -> bool:
-    """False for py4j's report of a KeyboardInterrupt inside a gateway call (logged on the root
-    logger, with a traceback): a second SIGINT stopping the run at once lands there, and the
-    run has said so in one line already."""
-    return not (
-        record.name == "root"
-        and record.getMessage().startswith("KeyboardInterrupt while sending command")
-    )
 
 
 def guarded(action: Callable[[], int]) -> int:

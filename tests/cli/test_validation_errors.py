@@ -7,7 +7,6 @@ process, on the shared session, which is what the command does after starting on
 
 from __future__ import annotations
 
-import logging
 import os
 import socket
 import sys
@@ -312,20 +311,3 @@ def test_read_only_directory(
         locked.chmod(0o700)
     assert code == EXIT_USAGE
     assert_one_line_error(err, "cannot open or create the mirror at")
-
-
-def test_py4j_s_report_of_an_interrupted_gateway_call_is_not_shown(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    # A second SIGINT raises KeyboardInterrupt inside whatever py4j call the driver is in; py4j
-    # logs that on the root logger with its traceback. The run says "stopping at once" itself.
-    from replicator.cli.main import _configure_logging
-
-    _configure_logging(verbose=False)
-    try:
-        raise KeyboardInterrupt
-    except KeyboardInterrupt:
-        logging.exception("KeyboardInterrupt while sending command.")
-        logging.exception("another error on the root logger")
-    messages = [record.getMessage() for record in caplog.records]
-    assert messages == ["another error on the root logger"]

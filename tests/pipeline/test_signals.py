@@ -4,6 +4,7 @@ nothing raised on the way out hides that second one."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import signal
 import threading
 
@@ -51,3 +52,38 @@ def test_an_error_without_a_second_signal_stays_that_error() -> None:
     with pytest.raises(RuntimeError, match="commit failed"), stop_on_signals(stop):
         signal.raise_signal(signal.SIGTERM)
         raise RuntimeError("commit failed")
+
+
+def _py4j_reports_an_interrupted_call() -> None:
+    """What py4j logs when a KeyboardInterrupt lands in a gateway call (py4j 0.10.9)."""
+    try:
+        raise KeyboardInterrupt
+    except KeyboardInterrupt:
+        logging.exception("KeyboardInterrupt while sending command.")
+        logging.exception("Exception while sending command.")
+        logging.getLogger("py4j.clientserver").exception(
+            "Exception occurred while shutting down connection"
+        )
+
+
+def test_py4j_s_reports_of_the_second_signal_are_dropped_and_only_those(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    stop = threading.Event()
+    py4j_level = logging.getLogger("py4j").level
+    with pytest.raises(KeyboardInterrupt), stop_on_signals(stop):
+        signal.raise_signal(signal.SIGINT)
+        _py4j_reports_an_interrupted_call()  # not after one signal: kept
+        with contextlib.suppress(KeyboardInterrupt):
+            signal.raise_signal(signal.SIGINT)
+        _py4j_reports_an_interrupted_call()  # after the second: dropped
+        logging.error("another error on the root logger")
+    assert logging.getLogger("py4j").level == py4j_level
+    _py4j_reports_an_interrupted_call()  # the filter goes with the handlers
+    messages = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    reports = [
+        "KeyboardInterrupt while sending command.",
+        "Exception while sending command.",
+        "Exception occurred while shutting down connection",
+    ]
+    assert messages == [*reports, "another error on the root logger", *reports]
