@@ -275,6 +275,52 @@ def test_a_steady_batch_s_compaction_check_takes_the_writer_s_file_count(
     owners.release(claim)
 
 
+def test_compaction_counts_files_from_the_log_as_delta_does_without_a_spark_job(
+    spark: Any, tmp_path: Path
+) -> None:
+    path = tmp_path / "counted"
+    mirror = open_or_create(spark, str(path), MirrorConfig("travel", num_vbuckets=8))
+    owners = OwnersTable.of(mirror)
+    claim = owners.claim((0, 1, 2, 3))
+    executor = CommitExecutor(mirror, claim, owners)
+    compactor = Compactor(mirror, (1, 3), CompactionPolicy(files_per_partition=1))
+    stale = Compactor(mirror, (1, 3))  # looks once now, then only after log retention ran
+
+    def counted_alike(compactor: Compactor = compactor) -> None:
+        spark.sparkContext.setJobGroup("compaction-counts", "the compactor's counts")
+        try:
+            counts = (compactor.table_files(), compactor.owned_files())
+            jobs = spark.sparkContext.statusTracker().getJobIdsForGroup("compaction-counts")
+        finally:
+            spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)
+        assert jobs == []
+        owned = mirror.read().where(compactor.partition_filter).inputFiles()
+        assert counts == (len(mirror.read().inputFiles()), len(owned))
+
+    executor.execute(batch(1, *(
+        vbucket_commit(vb, [upsert(vb, "k0", 1)], seqno=1, first_load=True) for vb in range(4)
+    )))  # fmt: skip
+    counted_alike()
+    counted_alike(stale)
+    for n in range(2, 14):  # the writer's versions, Spark's checkpoint at 10, a compaction
+        executor.execute(batch(n, *(
+            vbucket_commit(vb, [upsert(vb, f"k{n}", n), delete(vb, f"k{n - 1}", n)], seqno=n,
+                           first_load=False, previous_seqno=n - 1)
+            for vb in range(4)
+        )))  # fmt: skip
+        if n == 6:
+            counted_alike()
+            assert compactor.compact() is not None
+            counted_alike()
+    counted_alike()
+    # The commits after a look gone, as log retention removes them: read from the checkpoint.
+    assert (path / "_delta_log" / f"{10:020d}.checkpoint.parquet").exists()
+    for version in range(2, 10):
+        (path / "_delta_log" / f"{version:020d}.json").unlink()
+    counted_alike(stale)
+    owners.release(claim)
+
+
 class _SteadyCommitFails(CommitExecutor):
     """An executor whose group commits fail: what a crash during a batch's MERGE leaves."""
 
