@@ -13,6 +13,9 @@ its end the replicator is asked to catch up with the producer's high seqnos and 
   window, `_commit_timestamp` minus the CAS (the producer's wall clock, in ns, when it applied
   the change). Versions superseded or deleted within a batch never reach the table, so only
   surviving versions are measured.
+- delivered rate: seqnos the replicator received per second during the window; below the
+  applied rate, the producer could not stream its own writes as fast (a backlog at the source,
+  which the lag counts too).
 - file health: the data table's files when the run stops (the replicator's own compactions
   included), against the files right after a full OPTIMIZE of the same table.
 """
@@ -21,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import closing
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -36,6 +39,8 @@ from replicator.pipeline.runner import BackgroundRun
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
+
+    from replicator.pipeline.replication import Replication
 
 STOP_TIMEOUT_S = 600.0
 """How long a stopped replication may take to make its last commit and return."""
@@ -94,6 +99,12 @@ class SteadyStateResult:
     not had their first load committed (a backfill starved by the write load): their rows wait
     for it. `vbuckets_loading_at_start` counts them; `lag_loaded_vbuckets` is the lag of the
     other vbuckets' rows, the steady state without the seed's tail.
+
+    The lag runs from the producer's write to the commit, so a producer that cannot stream its
+    writes as fast as it makes them (it shares the machine) counts in it. `delivered_rate` is
+    what the replicator received over the window (seqnos staged or committed, sampled on its
+    thread), `undelivered_at_end` the changes written but not yet received when the window
+    closed: a backlog at the producer rather than in the replicator.
     """
 
     offered_rate: float
@@ -113,6 +124,8 @@ class SteadyStateResult:
     files_after_optimize: int = 0
     vbuckets_loading_at_start: int = 0
     lag_loaded_vbuckets: LagPercentiles | None = None
+    delivered_rate: float | None = None
+    undelivered_at_end: int | None = None
 
     @property
     def files_ratio(self) -> float | None:
@@ -172,6 +185,42 @@ class _Window:
     end_ns: int
     applied_seqnos: int
     drained_after_s: float | None
+    delivered_seqnos: int | None = None
+    undelivered_at_end: int | None = None
+
+
+class ReceivedSeqnos:
+    """The seqnos a replication has received (staged or committed), summed over its vbuckets,
+    sampled on its thread after a step at most every `every_s` seconds."""
+
+    def __init__(self, every_s: float = 1.0, clock_ns: Callable[[], int] = time.time_ns) -> None:
+        self.samples: list[tuple[int, int]] = []  # (time in ns, seqnos received)
+        self._every_ns = int(every_s * 1e9)
+        self._clock_ns = clock_ns
+
+    def observe(self, replication: Replication) -> None:
+        now = self._clock_ns()
+        if self.samples and now - self.samples[-1][0] < self._every_ns:
+            return
+        received = {vb: position.seqno for vb, position in replication.positions().items()}
+        for vb, staged in replication.staged_up_to().items():
+            received[vb] = max(received.get(vb, 0), staged)
+        self.samples.append((now, _total(received)))
+
+    def at(self, ns: int) -> int | None:
+        """The newest sample taken at or before `ns` (None before the first).
+
+        >>> received = ReceivedSeqnos()
+        >>> received.samples += [(10, 100), (20, 250)]
+        >>> received.at(5), received.at(10), received.at(19), received.at(99)
+        (None, 100, 100, 250)
+        """
+        found = None
+        for taken, seqnos in self.samples:
+            if taken > ns:
+                break
+            found = seqnos
+        return found
 
 
 def _wait_committed(run: BackgroundRun, target: int, timeout_s: float) -> bool:
@@ -196,7 +245,16 @@ def _run_window(
     spark: SparkSession, config: ReplicatorConfig, settings: SteadyStateSettings
 ) -> _Window:
     probe = DcpClient(config.source, Credentials(SIM_USERNAME, SIM_PASSWORD))
-    with closing(probe), BackgroundRun(config, spark=spark, name="bench-replication") as run:
+    received = ReceivedSeqnos()
+    with (
+        closing(probe),
+        BackgroundRun(
+            config,
+            spark=spark,
+            name="bench-replication",
+            on_started=lambda replication: replication.after_each_step(received.observe),
+        ) as run,
+    ):
         run.wait_started(settings.catch_up_timeout_s)
         # The backfill, then the changes that piled up while it was committed, ...
         warmed_up = all(
@@ -210,6 +268,7 @@ def _run_window(
             raise RuntimeError("the replication ended during the window")
         highs = probe.high_seqnos()
         end_ns = time.time_ns()
+        received_at_start, received_at_end = received.at(start_ns), received.at(end_ns)
         run.replication.request_catch_up(highs)
         # A replicator that never caught up will not drain the window either: do not wait.
         drained = warmed_up and _wait_committed(run, _total(highs), settings.catch_up_timeout_s)
@@ -221,6 +280,12 @@ def _run_window(
         end_ns=end_ns,
         applied_seqnos=_total(highs) - applied_before,
         drained_after_s=(drained_at_ns - end_ns) / 1e9 if drained else None,
+        delivered_seqnos=(
+            None
+            if received_at_start is None or received_at_end is None
+            else received_at_end - received_at_start
+        ),
+        undelivered_at_end=None if received_at_end is None else _total(highs) - received_at_end,
     )
 
 
@@ -306,6 +371,10 @@ def _analyse(
         keeps_up=lag_bounded and committed_rate >= KEEP_UP_SHARE * applied_rate,
         vbuckets_loading_at_start=settings.vbuckets - len(loaded_at_start),
         lag_loaded_vbuckets=loaded,
+        delivered_rate=(
+            None if window.delivered_seqnos is None else window.delivered_seqnos / seconds
+        ),
+        undelivered_at_end=window.undelivered_at_end,
     )
 
 

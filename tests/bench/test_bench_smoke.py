@@ -93,6 +93,10 @@ def test_smoke_numbers_are_sane(smoke_run: tuple[BenchReport, dict[str, Any], Pa
     assert 0 < loaded["rows"] <= steady["lag"]["rows"]
     if loading == 0:
         assert loaded == steady["lag"]
+    # What the replicator received over the window, sampled on its thread; never more than
+    # the producer had written by the window's end.
+    assert steady["delivered_rate"] > 0
+    assert steady["undelivered_at_end"] >= 0
     transactions = document["transactions"]
     committed = sum(
         1 for t in Workload(WORKLOAD).transactions(preset.drizzle_transactions) if t.committed
@@ -187,6 +191,17 @@ def test_the_lag_text_says_how_many_vbuckets_were_still_loading_and_the_others_l
     assert "425 vbuckets still in their first load when the window opened" in text
     assert "the others' rows: lag p50 1.50 s, p99 4.25 s (90 rows)" in text
     assert "first load" not in lag_text(_steady(lag_loaded_vbuckets=others))
+
+
+def test_the_lag_text_and_goal_say_when_the_replicator_received_less_than_was_written() -> None:
+    short = _steady(delivered_rate=8_000.0, undelivered_at_end=350_000)
+    assert "received 8,000/s of the 19,900/s written (350,000 written but not yet received" in (
+        lag_text(short)
+    )
+    goals = evaluate_goals(drain=None, load_ratio=None, steady=[short], memory=None, rollback=None)
+    (steady_goal,) = [g for g in goals if "mutations/s sustained" in g.goal]
+    assert "received 8,000/s: a backlog before staging" in steady_goal.measured
+    assert "received" not in lag_text(_steady(delivered_rate=19_500.0, undelivered_at_end=100))
 
 
 def test_file_goal_judges_the_longest_steady_window() -> None:
