@@ -31,6 +31,7 @@ from replicator.sim.commands.processor import CommandProcessor
 from replicator.sim.faults import DOCUMENT_OPCODES, MalformedFrame, SendRateLimit
 
 if TYPE_CHECKING:
+    from replicator.sim.commands.state import DcpState
     from replicator.sim.node_context import ClusterContext
 
 log = logging.getLogger(__name__)
@@ -384,13 +385,24 @@ class Session:
         if dcp is None or not dcp.ready:
             return
         budget = self._options.batch_bytes - (len(self._out) - self._out_pos)
+        # One hold of the bucket's lock for the whole turn (the cursors take it again,
+        # re-entrantly): taken stream by stream, the session waited for the workload's batches
+        # most of its time at 20,000 writes/s.
+        with self._cluster.bucket.condition:
+            changed_streams = self._serve_ready(dcp, budget)
+        if changed_streams:
+            self.streams_changed()
+
+    def _serve_ready(self, dcp: DcpState, budget: int) -> bool:
+        """Queue the ready streams' frames into `budget` bytes, round-robin; whether streams
+        finished and were removed."""
         window = dcp.settings.buffer_size
         per_pull = self._options.items_per_pull
         ready = dcp.ready
         changed_streams = False
         while budget > 0 and ready:
             if window and dcp.unacked_bytes >= window:
-                return  # paused until a BUFFER_ACK frees room, as a real producer is
+                break  # paused until a BUFFER_ACK frees room, as a real producer is
             key = ready[0]
             stream = dcp.streams.get(key)
             if stream is None:
@@ -430,8 +442,7 @@ class Session:
             else:
                 ready.rotate(-1)
                 dcp.served(key)
-        if changed_streams:
-            self.streams_changed()
+        return changed_streams
 
     def _check_noop(self) -> None:
         dcp = self._commands.dcp
