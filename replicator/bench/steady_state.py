@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import closing
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -104,7 +104,8 @@ class SteadyStateResult:
     writes as fast as it makes them (it shares the machine) counts in it. `delivered_rate` is
     what the replicator received over the window (seqnos staged or committed, sampled on its
     thread), `undelivered_at_end` the changes written but not yet received when the window
-    closed: a backlog at the producer rather than in the replicator.
+    closed (received as sampled within its last second): a backlog at the producer rather
+    than in the replicator.
     """
 
     offered_rate: float
@@ -193,13 +194,12 @@ class ReceivedSeqnos:
     """The seqnos a replication has received (staged or committed), summed over its vbuckets,
     sampled on its thread after a step at most every `every_s` seconds."""
 
-    def __init__(self, every_s: float = 1.0, clock_ns: Callable[[], int] = time.time_ns) -> None:
+    def __init__(self, every_s: float = 1.0) -> None:
         self.samples: list[tuple[int, int]] = []  # (time in ns, seqnos received)
         self._every_ns = int(every_s * 1e9)
-        self._clock_ns = clock_ns
 
     def observe(self, replication: Replication) -> None:
-        now = self._clock_ns()
+        now = time.time_ns()
         if self.samples and now - self.samples[-1][0] < self._every_ns:
             return
         received = {vb: position.seqno for vb, position in replication.positions().items()}
