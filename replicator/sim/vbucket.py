@@ -909,21 +909,14 @@ class StreamCursor:
 
     @property
     def backfilling(self) -> bool:
-        """True while the cursor serves, or is about to serve, a disk snapshot.
-
-        Read without the bucket's lock: the session asks it of every stream at every turn,
-        and waiting for the lock the workload holds through each of its batches was most of
-        the session thread's time at 20,000 writes/s on a busy machine. The cursor's own fields
-        change only on the session's thread; the vbucket's two are single reads, at worst a
-        batch old, and the answer only orders backfills (`next_snapshot` decides under the
-        lock what is served)."""
+        """True while the cursor serves, or is about to serve, a disk snapshot."""
         vbucket = self._vbucket
-        if self._finished or self._generation != vbucket._generation:
-            return False
-        snapshot = self._snapshot
-        if snapshot is not None:
-            return snapshot.is_disk
-        return self._position < vbucket._memory_low_seqno and self._position < self._end_seqno
+        with vbucket.lock:
+            if self._finished or self._generation != vbucket._generation:
+                return False
+            if self._snapshot is not None:
+                return self._snapshot.is_disk
+            return self._position < vbucket._memory_low_seqno and self._position < self._end_seqno
 
     def has_pending(self) -> bool:
         """True if `next_snapshot` would return something now."""
