@@ -11,7 +11,7 @@ from replicator.bench.memory import MemoryResult
 from replicator.bench.read_side import COMMANDS as READ_SIDE_COMMANDS
 from replicator.bench.read_side import ReadSideResult
 from replicator.bench.rollback import RollbackResult
-from replicator.bench.steady_state import KEEP_UP_SHARE, SteadyStateResult
+from replicator.bench.steady_state import SteadyStateResult
 
 DECODE_GOAL_MSGS_PER_S = 200_000
 DRAIN_GOAL_RATIO = 1.0
@@ -158,8 +158,8 @@ def _steady(results: Sequence[SteadyStateResult]) -> GoalCheck:
     measured = f"applied {top.applied_rate:,.0f}/s, committed {top.committed_rate:,.0f}/s, {p99}"
     if not top.producer_kept_pace:
         measured += " (producer fell short of the offered rate)"
-    if top.delivered_rate is not None and top.delivered_rate < KEEP_UP_SHARE * top.applied_rate:
-        measured += f" (received {top.delivered_rate:,.0f}/s: a backlog before staging)"
+    if top.received_short:
+        measured += f" (received {top.delivered_rate or 0:,.0f}/s: a backlog before staging)"
     passed = (
         top.producer_kept_pace
         and top.keeps_up

@@ -20,7 +20,7 @@ from replicator.bench.plain_append import PlainAppendResult
 from replicator.bench.read_side import ReadSideResult
 from replicator.bench.rollback import RollbackResult
 from replicator.bench.serve import ServeResult
-from replicator.bench.steady_state import KEEP_UP_SHARE, SteadyStateResult
+from replicator.bench.steady_state import SteadyStateResult
 from replicator.bench.transactions import TransactionSourceResult
 
 SECTIONS = (
@@ -120,9 +120,9 @@ def lag_text(st: SteadyStateResult) -> str:
             f"p99 {rest.p99_ms / 1000:.2f} s ({rest.rows:,} rows)"
         )
     delivered = ""
-    if st.delivered_rate is not None and st.delivered_rate < KEEP_UP_SHARE * st.applied_rate:
+    if st.received_short:
         delivered = (
-            f"; received {st.delivered_rate:,.0f}/s of the {st.applied_rate:,.0f}/s written "
+            f"; received {st.delivered_rate or 0:,.0f}/s of the {st.applied_rate:,.0f}/s written "
             f"({st.undelivered_at_end or 0:,} written but not yet received at the end)"
         )
     return f"{lag}; {drained}{warm}{loading}{delivered}"

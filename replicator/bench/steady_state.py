@@ -135,6 +135,15 @@ class SteadyStateResult:
             return None
         return self.data_files / self.files_after_optimize
 
+    @property
+    def received_short(self) -> bool:
+        """Whether the replicator received less than the producer wrote over the window (a
+        backlog before staging, at the producer)."""
+        return (
+            self.delivered_rate is not None
+            and self.delivered_rate < KEEP_UP_SHARE * self.applied_rate
+        )
+
 
 def measure_steady_state(
     spark: SparkSession, settings: SteadyStateSettings, *, work_dir: str
