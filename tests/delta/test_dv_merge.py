@@ -11,6 +11,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -19,11 +20,11 @@ from chispa import assert_df_equality
 from replicator.delta.changes import concat_changes
 from replicator.delta.commit_metadata import COMMIT, CommitMetadata
 from replicator.delta.deletion_vectors import read_positions
-from replicator.delta.dv_merge import DeletionVectorMerger, steady_changes
+from replicator.delta.dv_merge import DeletionVectorMerger, rows_at, steady_changes
 from replicator.delta.executor import CommitExecutor, WriteStrategy
 from replicator.delta.log_snapshot import read_snapshot
 from replicator.delta.ownership import OwnersTable
-from replicator.delta.schema import MirrorConfig
+from replicator.delta.schema import DATA_COLUMNS, MirrorConfig
 from replicator.delta.table import checkpoint_delta_log, delta_snapshot, open_or_create
 from replicator.planning.planner import VbucketCommit, deduplicate_changes
 from tests.delta.helpers import batch, change_table, delete, upsert, vbucket_commit
@@ -98,7 +99,8 @@ def test_a_steady_batch_by_deletion_vectors_equals_spark_s_merge(
         kind=COMMIT, batch_id=3, part=1, owner_id=claim.owner_id,
         strategy=WriteStrategy.MERGE.value, positions={c.vbucket: c.position for c in commits},
     )  # fmt: skip
-    merger = DeletionVectorMerger(str(tmp_path / "dv"), by_hand.data_layout)
+    # Preimages read 3 rows at a time: each file's replaced rows come from several batches.
+    merger = DeletionVectorMerger(str(tmp_path / "dv"), by_hand.data_layout, read_batch_rows=3)
 
     landed = merger.merge(_changes(commits), metadata)
 
@@ -419,3 +421,21 @@ def test_delta_s_snapshot_of_a_writer_s_version_is_read_from_a_thread_without_a_
     assert seen["files"] == len(snapshot.files)
     assert (tmp_path / "t" / "_delta_log" / f"{snapshot.version:020d}.checkpoint.parquet").exists()
     owners.release(claim)
+
+
+@pytest.mark.parametrize("batch_rows", [1, 4, 7, 100])
+def test_rows_at_positions_are_read_from_only_the_row_groups_that_hold_them(
+    tmp_path: Path, batch_rows: int
+) -> None:
+    rows = change_table([upsert(3, f"k{i}", i + 1) for i in range(50)]).select(list(DATA_COLUMNS))
+    path = str(tmp_path / "f.parquet")
+    pq.write_table(rows, path, row_group_size=10)  # five row groups
+    positions = np.array([0, 9, 10, 11, 27, 49], dtype=np.int64)  # none in the fourth group
+
+    taken = rows_at(path, positions, batch_rows)
+
+    assert taken.column("key").to_pylist() == [f"k{p}" for p in positions]
+    assert taken.equals(rows.take(positions))
+    assert rows_at(path, np.array([], dtype=np.int64), batch_rows).num_rows == 0
+    with pytest.raises(ValueError, match="has 50 rows; position 50 is not one"):
+        rows_at(path, np.array([3, 50], dtype=np.int64), batch_rows)
