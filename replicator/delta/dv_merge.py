@@ -22,13 +22,12 @@ to Spark, as the caller decides.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -52,6 +51,7 @@ from replicator.delta.commit_metadata import CommitMetadata, txn_app_id
 from replicator.delta.conflicts import MergeConflict
 from replicator.delta.deletion_vectors import write_vectors
 from replicator.delta.key_index import KEY_COLUMNS, KeyIndex
+from replicator.delta.log_entry import publish_entry, remove_files
 from replicator.delta.log_snapshot import LogSnapshot, carries_txn, read_snapshot
 from replicator.delta.paths import local_path
 from replicator.delta.schema import DATA_COLUMNS, DataLayout
@@ -130,13 +130,13 @@ class DeletionVectorMerger:
                     {"txn": {"appId": app_id, "version": metadata.txn_version,
                              "lastUpdated": now}},
                 ]  # fmt: skip
-                landed = _publish(log_file, [*head, *actions])
+                landed = publish_entry(log_file, [*head, *actions])
             except BaseException:
                 if not carries_txn(log_file, app_id, metadata.txn_version):
-                    _remove(written)  # files of a commit that did not land
+                    remove_files(written)  # files of a commit that did not land
                 raise
             if not landed:
-                _remove(written)  # another writer took the version: plan again on its table
+                remove_files(written)  # another writer took the version: plan again on its table
                 self.conflicts += 1
                 continue
             self.last_rows = rows
@@ -318,27 +318,6 @@ def steady_changes(commits: Sequence[VbucketCommit]) -> pa.Table:
     return concat_changes([deduplicated, concat_changes(unique).combine_chunks()])
 
 
-def _publish(log_file: str, actions: Sequence[Mapping[str, Any]]) -> bool:
-    """Write the log entry `log_file` whole or not at all; False when it exists already.
-
-    Written to a temporary file first, then hard-linked to its name: a link never replaces a
-    file, and a reader sees the entry complete or not at all (a crash mid-write leaves only
-    the temporary file).
-    """
-    temporary = f"{os.path.dirname(log_file)}/.{os.path.basename(log_file)}.{uuid.uuid4()}.tmp"
-    with open(temporary, "x", encoding="utf-8") as out:
-        out.writelines(json.dumps(action) + "\n" for action in actions)
-        out.flush()
-        os.fsync(out.fileno())
-    try:
-        os.link(temporary, log_file)
-    except FileExistsError:
-        return False
-    finally:
-        os.remove(temporary)
-    return True
-
-
 def rows_at(path: str, positions: np.ndarray, batch_rows: int = READ_BATCH_ROWS) -> pa.Table:
     """The data columns of the rows at ascending `positions` of the Parquet file at `path`.
 
@@ -379,9 +358,3 @@ def runs(numbers: pa.ChunkedArray) -> list[tuple[int, int, int]]:
         (number, start, end - start)
         for number, start, end in zip(encoded.values.to_pylist(), starts, ends, strict=True)
     ]
-
-
-def _remove(paths: Sequence[str]) -> None:
-    for path in paths:
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(path)
