@@ -14,6 +14,10 @@ partitions, "small" means under `small_file_bytes`. Files that appends add (firs
 commit's size cap, one per partition) are not what compaction is for: they do not make one due,
 so an initial load rewrites nothing (measured in the README, Performance).
 
+Where the table allows it (local, grouped, writer features known), the compactor writes the
+compaction itself from Arrow (`bin_packing`), as OPTIMIZE would leave it; elsewhere, or when
+asked (`writer="spark"`), Spark's OPTIMIZE runs it.
+
 Shards: a partition is compacted by the owner of its first vbucket only, so no two shards compact
 one partition; a compaction that still meets a concurrent commit gives way (it is retried at the
 next due point), never failing the run.
@@ -27,11 +31,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from replicator.delta.arrow_append import arrow_append_refusal
+from replicator.delta.bin_packing import COMPACTION_METADATA, pack_partitions
 from replicator.delta.conflicts import is_concurrent_modification
 from replicator.delta.log_snapshot import LogSnapshot, LogSnapshotError, read_snapshot
-from replicator.delta.paths import on_local_filesystem
+from replicator.delta.paths import local_path, on_local_filesystem
 from replicator.delta.table import (
+    DELTA_CHECKPOINT_INTERVAL,
     MirrorTable,
+    checkpoint_delta_log,
     delta_snapshot,
     delta_write_confs,
     engine_error_summary,
@@ -86,6 +94,9 @@ class CompactionPolicy:
         return max(self.small_file_bytes, int(partition_bytes * self.small_share))
 
 
+COMPACTION_WRITERS = ("arrow", "spark")
+"""Who writes a compaction: the compactor from Arrow where the table allows it, or Spark."""
+
 FULL_COMPACTION_FILE_BYTES = 1024 * 1024 * 1024
 """A full compaction takes files up to OPTIMIZE's target file size (1 GiB): all of them."""
 
@@ -123,7 +134,10 @@ class Compactor:
         mirror: MirrorTable,
         vbuckets: Iterable[int],
         policy: CompactionPolicy | None = None,
+        writer: str = "arrow",
     ) -> None:
+        if writer not in COMPACTION_WRITERS:
+            raise ValueError(f"writer must be one of {COMPACTION_WRITERS}, not {writer!r}")
         self.mirror = mirror
         self.policy = policy or CompactionPolicy()
         self.partitions = compacted_partitions(mirror.data_layout, vbuckets)
@@ -134,6 +148,14 @@ class Compactor:
         # the 1M mirror), and the owned partitions' files took a Spark job every compaction.
         self._log: LogSnapshot | None = None
         self._reads_log = on_local_filesystem(mirror.layout.data)
+        self.writer = writer
+        if writer == "arrow":
+            refusal = arrow_append_refusal(mirror.layout.data, [mirror.data_layout])
+            if refusal is None and mirror.data_layout.group_width is None:
+                refusal = "the table is partitioned by vbucket (the layout before vbucket groups)"
+            if refusal is not None:
+                log.info("compactions are run by Spark's OPTIMIZE: %s", refusal)
+                self.writer = "spark"
         self.compactions = 0
         self.full_compactions = 0
 
@@ -234,10 +256,12 @@ class Compactor:
     def _optimize(self, min_file_bytes: int) -> bool:
         """Bin-pack the owned partitions' files under `min_file_bytes` (and those with too many
         deleted rows); False when a concurrent commit got in the way."""
+        if self.writer == "arrow":
+            return self._pack(min_file_bytes)
         spark = self.mirror.spark
         try:
             # delta_write_confs holds the session write lock, which the OPTIMIZE confs need too.
-            with delta_write_confs(spark, user_metadata='{"replicator_compaction":1}'):
+            with delta_write_confs(spark, user_metadata=COMPACTION_METADATA):
                 spark.conf.set(MIN_FILE_SIZE_CONF, str(min_file_bytes))
                 spark.conf.set(MAX_DELETED_ROWS_RATIO_CONF, str(self.policy.max_deleted_share))
                 try:
@@ -250,4 +274,22 @@ class Compactor:
                 raise
             log.info("compaction gave way to a concurrent commit: %s", engine_error_summary(exc))
             return False
+        return True
+
+    def _pack(self, min_file_bytes: int) -> bool:
+        """`_optimize` written from Arrow (`bin_packing`)."""
+        packed = pack_partitions(
+            local_path(self.mirror.layout.data), self.mirror.data_layout, self._newest_log(),
+            self.partitions, min_file_bytes=min_file_bytes,
+            max_deleted_share=self.policy.max_deleted_share,
+        )  # fmt: skip
+        if packed is None:
+            log.info("compaction gave way to a concurrent commit")
+            return False
+        if packed.version is not None and packed.version % DELTA_CHECKPOINT_INTERVAL == 0:
+            try:  # Spark checkpoints only after its own commits; the compaction stands
+                checkpoint_delta_log(self.mirror.spark, self.mirror.layout.data)
+            except Exception as exc:
+                log.warning("Delta checkpoint after compaction version %d failed: %s",
+                            packed.version, engine_error_summary(exc))
         return True

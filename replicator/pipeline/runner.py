@@ -244,7 +244,10 @@ def run_replication(
             steady_writer=config.steady_writer,
         )
         store = DeltaMirrorStore(
-            executor, owners, claim, compactor=Compactor(mirror, claim.vbuckets),
+            executor, owners, claim, compactor=Compactor(
+                mirror, claim.vbuckets,
+                writer="spark" if config.steady_writer == "spark" else "arrow",
+            ),
             pruner=MetadataPruner(mirror, claim.vbuckets),
         )
         cleanup.callback(_release_quietly, store)

@@ -82,8 +82,9 @@ def test_a_mirror_partitioned_by_vbucket_keeps_working(spark: Any, tmp_path: Pat
     owners.release(claim)
 
 
+@pytest.mark.parametrize("writer", ["arrow", "spark"])
 def test_compaction_packs_small_files_of_owned_partitions_and_changes_no_row(
-    spark: Any, tmp_path: Path
+    spark: Any, tmp_path: Path, writer: str
 ) -> None:
     path = tmp_path / "compacted"
     mirror = open_or_create(spark, str(path), MirrorConfig("travel", num_vbuckets=8))
@@ -91,7 +92,10 @@ def test_compaction_packs_small_files_of_owned_partitions_and_changes_no_row(
     vbuckets = (0, 1)
     claim = owners.claim(vbuckets)
     executor = CommitExecutor(mirror, claim, owners)
-    compactor = Compactor(mirror, claim.vbuckets, CompactionPolicy(files_per_partition=2))
+    compactor = Compactor(
+        mirror, claim.vbuckets, CompactionPolicy(files_per_partition=2), writer=writer
+    )
+    assert compactor.writer == writer
     assert compactor.partitions == [0, 1]  # width 1: every vbucket its own partition
     executor.execute(
         batch(1, *(vbucket_commit(vb, [upsert(vb, "k0", 1)], seqno=1, first_load=True)
@@ -117,6 +121,8 @@ def test_compaction_packs_small_files_of_owned_partitions_and_changes_no_row(
     assert not compactor.due()
     newest = mirror.delta().history(1).first()
     assert newest is not None and newest["operation"] == "OPTIMIZE"
+    assert str(newest["engineInfo"]).startswith("replicator") == (writer == "arrow")
+    assert newest["operationMetrics"]["numAddedFiles"] == str(len(vbuckets))
     # Not a replicator commit: recovery and audits skip it.
     assert newest["userMetadata"] and CommitMetadata.from_json(newest["userMetadata"]) is None
     owners.release(claim)
