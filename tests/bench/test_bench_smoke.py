@@ -361,3 +361,14 @@ def test_read_side_goals_need_a_quick_quiet_answer() -> None:
     assert verdicts() == ("NOT RUN", "NOT RUN")
     idle = evaluate_goals(drain=None, load_ratio=None, steady=(), memory=None, rollback=None)
     assert _goal(idle, "`replicator status`").verdict == "NOT RUN"
+
+
+def test_lag_percentiles_of_many_rows_are_those_of_the_rows(spark: Any) -> None:
+    from replicator.bench.steady_state import _percentiles
+
+    # 200,000 lags 1..200,000 ms, shuffled by the hash of their id.
+    lags = spark.range(1, 200_001).selectExpr("CAST(id AS DOUBLE) AS lag_ms").orderBy("lag_ms")
+    percentiles = _percentiles(lags.repartition(4))
+    assert percentiles.rows == 200_000 and percentiles.max_ms == 200_000
+    assert abs(percentiles.p50_ms - 100_000) <= 2 and abs(percentiles.p99_ms - 198_000) <= 2
+    assert _percentiles(lags.where("lag_ms < 0")) == LagPercentiles(0, 0.0, 0.0, 0.0)
