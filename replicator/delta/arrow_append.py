@@ -61,6 +61,10 @@ FILE_BYTES = 256 * 1024 * 1024
 ROW_GROUP_BYTES = 32 * 1024 * 1024
 """Rows buffered before they are written as one row group: what the driver holds."""
 
+READ_BATCH_ROWS = 16_384
+"""Rows decoded at a time when the writers read data files back (preimages, compaction): about
+16 MB of 1 KB documents, whatever the file's size."""
+
 BOUNDED_COLUMNS = frozenset({"vbucket", "collection_id", "seqno", "rev_seqno", "cas", "flags"})
 """Columns whose bounds go into a file's Delta statistics."""
 

@@ -1,7 +1,7 @@
 """Compaction written from Arrow: what Delta's bin-packing OPTIMIZE leaves, without Spark.
 
-Spark's OPTIMIZE of one vbucket group's files took 5 to 9 s of the commit thread on the 1M
-mirror (a third of it at 20,000 changes/s), mostly fixed costs of its jobs; reading the same
+Spark's OPTIMIZE of the recent files took 5 to 9 s of the commit thread on the 1M mirror (a
+third of it at 20,000 changes/s), mostly fixed costs of its jobs; reading the same
 files and writing their live rows from the driver takes a fraction of that (README, "Compaction
 without Spark"). As OPTIMIZE does, in each partition asked for:
 
@@ -30,7 +30,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from replicator.delta.arrow_append import ARROW_DATA_SCHEMA, ROW_GROUP_BYTES, PartitionFiles
+from replicator.delta.arrow_append import (
+    ARROW_DATA_SCHEMA,
+    READ_BATCH_ROWS,
+    ROW_GROUP_BYTES,
+    PartitionFiles,
+)
 from replicator.delta.deletion_vectors import read_positions
 from replicator.delta.log_entry import publish_entry, remove_files
 from replicator.delta.log_snapshot import DataFile, LogSnapshot
@@ -38,9 +43,6 @@ from replicator.delta.schema import DATA_COLUMNS, DataLayout
 
 PACKED_FILE_BYTES = 1024 * 1024 * 1024
 """A packed file's size cap: OPTIMIZE's target file size (1 GiB)."""
-
-READ_BATCH_ROWS = 16_384
-"""Rows read at a time from a packed file: memory holds a row group, not a partition."""
 
 COMPACTION_METADATA = '{"replicator_compaction":1}'
 """The userMetadata of a compaction: not a replicator commit, which recovery and audits skip."""
@@ -135,13 +137,24 @@ def pack_partitions(
         info = _commit_info(now, snapshot.version, predicate, removed, adds, purged)
         landed = publish_entry(log_file, [{"commitInfo": info}, *actions])
     except BaseException:
-        new_files.discard()
-        remove_files(written)
+        if not _names_any(log_file, [add.path for add in new_files.actions]):
+            new_files.discard()  # not when the entry landed before the failure
+            remove_files(written)
         raise
     if not landed:
         remove_files(written)
         return None
     return PackedFiles(snapshot.version + 1, len(removed), len(adds), purged)
+
+
+def _names_any(log_file: str, paths: Sequence[str]) -> bool:
+    """Whether the log entry `log_file` exists and names one of `paths`."""
+    try:
+        with open(log_file, encoding="utf-8") as entry:
+            text = entry.read()
+    except FileNotFoundError:
+        return False
+    return any(json.dumps(path) in text for path in paths)
 
 
 def _live_batches(

@@ -41,6 +41,7 @@ from pyroaring import BitMap64
 from replicator.delta.arrow_append import (
     ARROW_DATA_SCHEMA,
     FILE_BYTES,
+    READ_BATCH_ROWS,
     ROW_GROUP_BYTES,
     AppendedCommit,
     PartitionFiles,
@@ -66,9 +67,6 @@ ATTEMPTS = 5
 """Plans of one batch before giving up when other writers keep taking the next version."""
 
 CHANGE_TYPE = "_change_type"
-
-READ_BATCH_ROWS = 16_384
-"""Rows decoded at a time when preimages are read back (about 16 MB of 1 KB documents)."""
 
 FEED_SCHEMA = ARROW_DATA_SCHEMA.append(pa.field(CHANGE_TYPE, pa.string(), nullable=False))
 """A change data file's columns (its partition column is in the path, as for data files)."""
@@ -322,8 +320,8 @@ def rows_at(path: str, positions: np.ndarray, batch_rows: int = READ_BATCH_ROWS)
     """The data columns of the rows at ascending `positions` of the Parquet file at `path`.
 
     Only the row groups holding one of them are read, `batch_rows` rows at a time: a compacted
-    file holds a whole partition (about 1 GB of documents on the 1M mirror), and reading it
-    whole held it all in memory at once.
+    file holds a whole partition (64 MB of documents on the 1M mirror, more as the table
+    grows), and reading it whole held it all in memory to take a few of its rows.
     """
     parquet = pq.ParquetFile(path)
     columns = list(DATA_COLUMNS)

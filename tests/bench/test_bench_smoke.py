@@ -366,7 +366,7 @@ def test_read_side_goals_need_a_quick_quiet_answer() -> None:
 def test_lag_percentiles_of_many_rows_are_those_of_the_rows(spark: Any) -> None:
     from replicator.bench.steady_state import _percentiles
 
-    # 200,000 lags 1..200,000 ms, shuffled by the hash of their id.
+    # 200,000 lags of 1 to 200,000 ms, spread over four partitions.
     lags = spark.range(1, 200_001).selectExpr("CAST(id AS DOUBLE) AS lag_ms").orderBy("lag_ms")
     percentiles = _percentiles(lags.repartition(4))
     assert percentiles.rows == 200_000 and percentiles.max_ms == 200_000

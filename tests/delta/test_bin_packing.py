@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from chispa import assert_df_equality
 
+from replicator.delta import bin_packing
 from replicator.delta.bin_packing import candidates, pack_partitions
 from replicator.delta.commit_metadata import CommitMetadata
 from replicator.delta.deletion_vectors import DeletionVectorDescriptor
@@ -136,4 +137,31 @@ def test_a_compaction_that_meets_another_commit_gives_way_and_leaves_no_file(
         min_file_bytes=1, max_deleted_share=1.0,
     ).version is None  # type: ignore[union-attr]  # fmt: skip
     assert not os.path.exists(tmp_path / "m" / "_delta_log" / f"{fresh.version + 1:020d}.json")
+    owners.release(claim)
+
+
+@pytest.mark.spark
+def test_a_failure_after_the_entry_landed_keeps_its_files(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    mirror, owners, claim = _changed_mirror(spark, tmp_path / "m")
+    expected = spark.createDataFrame(mirror.read().collect(), mirror.read().schema)
+    snapshot = read_snapshot(str(tmp_path / "m"))
+
+    def landed_then_failed(log_file: str, actions: Any) -> bool:
+        assert bin_packing_publish(log_file, actions)
+        raise OSError("the disk went away after the entry was linked")
+
+    bin_packing_publish = bin_packing.publish_entry
+    monkeypatch.setattr(bin_packing, "publish_entry", landed_then_failed)
+    with pytest.raises(OSError, match="went away"):
+        pack_partitions(
+            str(tmp_path / "m"), mirror.data_layout, snapshot, [0, 1],
+            min_file_bytes=1024 * 1024 * 1024, max_deleted_share=0.3,
+        )  # fmt: skip
+
+    after = read_snapshot(str(tmp_path / "m"))
+    assert after.version == snapshot.version + 1
+    assert all(os.path.exists(f.local_path(str(tmp_path / "m"))) for f in after.files.values())
+    assert_df_equality(mirror.read(), expected, ignore_row_order=True)
     owners.release(claim)
