@@ -78,6 +78,15 @@ def arrow_append_refusal(path: str, layouts: Sequence[DataLayout]) -> str | None
     return _checked(path, layouts)[0]
 
 
+def grouped_write_refusal(path: str, layout: DataLayout) -> str | None:
+    """Why the replicator's own writers of steady batches and compactions cannot write the data
+    table at `path` (None: they can): as for appends, and they need vbucket groups."""
+    refusal = arrow_append_refusal(path, [layout])
+    if refusal is None and layout.group_width is None:
+        refusal = "the table is partitioned by vbucket (the layout before vbucket groups)"
+    return refusal
+
+
 def arrow_appender_for(path: str, layout: DataLayout, writer: str) -> ArrowAppender | None:
     """The appender of first loads to the data table at `path` (of `layout`), or None when
     Spark appends them: `writer` (FIRST_LOAD_WRITERS) says spark, or delta-rs cannot. Logged."""

@@ -36,7 +36,7 @@ from replicator.delta.arrow_append import (
     ROW_GROUP_BYTES,
     PartitionFiles,
 )
-from replicator.delta.deletion_vectors import read_positions
+from replicator.delta.deletion_vectors import position_array, read_positions
 from replicator.delta.log_entry import publish_entry, remove_files
 from replicator.delta.log_snapshot import DataFile, LogSnapshot
 from replicator.delta.schema import DATA_COLUMNS, DataLayout
@@ -164,8 +164,7 @@ def _live_batches(
     the writer types data rows."""
     hidden = np.empty(0, np.int64)
     if data_file.deletion_vector is not None:
-        positions = read_positions(table_root, data_file.deletion_vector)
-        hidden = np.frombuffer(positions.to_array(), np.uint64).astype(np.int64)
+        hidden = position_array(read_positions(table_root, data_file.deletion_vector))
     parquet = pq.ParquetFile(data_file.local_path(table_root))
     start = 0
     for batch in parquet.iter_batches(batch_rows, columns=list(DATA_COLUMNS)):

@@ -31,15 +31,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from replicator.delta.arrow_append import arrow_append_refusal
+from replicator.delta.arrow_append import grouped_write_refusal
 from replicator.delta.bin_packing import COMPACTION_METADATA, pack_partitions
 from replicator.delta.conflicts import is_concurrent_modification
 from replicator.delta.log_snapshot import LogSnapshot, LogSnapshotError, read_snapshot
 from replicator.delta.paths import local_path, on_local_filesystem
 from replicator.delta.table import (
-    DELTA_CHECKPOINT_INTERVAL,
     MirrorTable,
-    checkpoint_delta_log,
+    checkpoint_if_due,
     delta_snapshot,
     delta_write_confs,
     engine_error_summary,
@@ -150,9 +149,7 @@ class Compactor:
         self._reads_log = on_local_filesystem(mirror.layout.data)
         self.writer = writer
         if writer == "arrow":
-            refusal = arrow_append_refusal(mirror.layout.data, [mirror.data_layout])
-            if refusal is None and mirror.data_layout.group_width is None:
-                refusal = "the table is partitioned by vbucket (the layout before vbucket groups)"
+            refusal = grouped_write_refusal(mirror.layout.data, mirror.data_layout)
             if refusal is not None:
                 log.info("compactions are run by Spark's OPTIMIZE: %s", refusal)
                 self.writer = "spark"
@@ -286,10 +283,6 @@ class Compactor:
         if packed is None:
             log.info("compaction gave way to a concurrent commit")
             return False
-        if packed.version is not None and packed.version % DELTA_CHECKPOINT_INTERVAL == 0:
-            try:  # Spark checkpoints only after its own commits; the compaction stands
-                checkpoint_delta_log(self.mirror.spark, self.mirror.layout.data)
-            except Exception as exc:
-                log.warning("Delta checkpoint after compaction version %d failed: %s",
-                            packed.version, engine_error_summary(exc))
+        if packed.version is not None:
+            checkpoint_if_due(self.mirror.spark, self.mirror.layout.data, packed.version)
         return True

@@ -24,6 +24,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from pyroaring import BitMap64
 
 from replicator.delta.paths import local_path
@@ -140,6 +141,15 @@ def decode_positions(data: bytes) -> BitMap64:
     if len(data) < 4 or struct.unpack_from("<i", data)[0] != MAGIC:
         raise DeletionVectorError("not a deletion vector: its magic number is wrong")
     return BitMap64.deserialize(data[4:])
+
+
+def position_array(positions: BitMap64) -> np.ndarray:
+    """`positions` as an ascending int64 array (Arrow's and Parquet's row indices).
+
+    >>> position_array(BitMap64([7, 2])).tolist()
+    [2, 7]
+    """
+    return np.frombuffer(positions.to_array(), np.uint64).astype(np.int64)
 
 
 def read_positions(table_root: str, descriptor: DeletionVectorDescriptor) -> BitMap64:

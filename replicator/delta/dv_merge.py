@@ -45,7 +45,7 @@ from replicator.delta.arrow_append import (
     ROW_GROUP_BYTES,
     AppendedCommit,
     PartitionFiles,
-    arrow_append_refusal,
+    grouped_write_refusal,
 )
 from replicator.delta.changes import concat_changes
 from replicator.delta.commit_metadata import CommitMetadata, txn_app_id
@@ -278,9 +278,7 @@ def deletion_vector_merger_for(path: str, layout: DataLayout) -> DeletionVectorM
     """The writer of steady batches to the data table at `path`, or None (logged) when Spark
     must MERGE them: the table is not local, has writer features not tested here, has no
     change data feed, or uses the per-vbucket layout."""
-    refusal = arrow_append_refusal(path, [layout])
-    if refusal is None and layout.group_width is None:
-        refusal = "the table is partitioned by vbucket (the layout before vbucket groups)"
+    refusal = grouped_write_refusal(path, layout)
     if refusal is None:
         from deltalake import DeltaTable
 

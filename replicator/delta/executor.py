@@ -69,11 +69,10 @@ from replicator.delta.failover_logs import FailoverLogsTable, carried_failover_l
 from replicator.delta.ownership import OwnerClaim, OwnersTable
 from replicator.delta.schema import DATA_COLUMNS
 from replicator.delta.table import (
-    DELTA_CHECKPOINT_INTERVAL,
     SESSION_WRITE_LOCK,
     CommitRecord,
     MirrorTable,
-    checkpoint_delta_log,
+    checkpoint_if_due,
     delta_snapshot,
     delta_write_confs,
     engine_error_summary,
@@ -473,22 +472,9 @@ class CommitExecutor:
         if appended is not None:
             self._landed_commit = CommitRecord(appended.version, appended.committed_at, metadata)
             self._landed_files = appended.table_files
-            if appended.version % DELTA_CHECKPOINT_INTERVAL == 0:
-                self._checkpoint_delta_log(appended.version)
+            checkpoint_if_due(self.spark, self.mirror.layout.data, appended.version)
         elif version is not None:
             self._landed_commit = CommitRecord(version, self._commit_time(version), metadata)
-
-    def _checkpoint_delta_log(self, version: int) -> None:
-        """Delta's checkpoint after a version Spark did not commit (Spark checkpoints only after
-        its own): without it, readers replay every JSON entry written since Spark's last one.
-        The commit has landed: a failure here is logged, and the next interval tries again."""
-        try:
-            checkpoint_delta_log(self.spark, self.mirror.layout.data)
-        except Exception as exc:
-            log.warning(
-                "Delta checkpoint after version %d failed (the commit stands): %s",
-                version, engine_error_summary(exc),
-            )
 
     def _commit_time(self, version: int) -> datetime:
         """When version `version` was committed, from Delta's snapshot (no Spark job); the

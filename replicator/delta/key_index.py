@@ -15,7 +15,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyroaring import BitMap64
 
-from replicator.delta.deletion_vectors import read_positions
+from replicator.delta.deletion_vectors import position_array, read_positions
 from replicator.delta.log_snapshot import DataFile, LogSnapshot
 
 KEY_COLUMNS = ("vbucket", "collection_id", "key")
@@ -111,7 +111,7 @@ class KeyIndex:
         deleted = self._deleted[number] = read_positions(
             self.table_root, data_file.deletion_vector
         )
-        hidden = pa.array(np.frombuffer(deleted.to_array(), np.uint64).astype(np.int64))
+        hidden = pa.array(position_array(deleted))
         return rows.filter(pc.invert(pc.is_in(rows["position"], value_set=hidden)))
 
 
