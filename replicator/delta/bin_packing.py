@@ -32,9 +32,10 @@ import pyarrow.parquet as pq
 
 from replicator.delta.arrow_append import (
     ARROW_DATA_SCHEMA,
-    READ_BATCH_ROWS,
+    READ_BATCH_BYTES,
     ROW_GROUP_BYTES,
     PartitionFiles,
+    row_group_batches,
 )
 from replicator.delta.deletion_vectors import position_array, read_positions
 from replicator.delta.log_entry import publish_entry, remove_files
@@ -91,7 +92,7 @@ def pack_partitions(
     max_deleted_share: float,
     file_bytes: int = PACKED_FILE_BYTES,
     row_group_bytes: int = ROW_GROUP_BYTES,
-    read_batch_rows: int = READ_BATCH_ROWS,
+    read_batch_bytes: int = READ_BATCH_BYTES,
 ) -> PackedFiles | None:
     """Pack the small or mostly deleted files of `partitions` in the table at `table_root`,
     as of `snapshot`; None when another writer committed the next version first."""
@@ -116,7 +117,7 @@ def pack_partitions(
     log_file = os.path.join(table_root, "_delta_log", f"{snapshot.version + 1:020d}.json")
     try:
         for data_file in removed:
-            for batch in _live_batches(table_root, data_file, read_batch_rows):
+            for batch in _live_batches(table_root, data_file, read_batch_bytes):
                 new_files.write(batch)
         adds = new_files.close()
         written = [os.path.join(table_root, add.path) for add in adds]
@@ -158,16 +159,21 @@ def _names_any(log_file: str, paths: Sequence[str]) -> bool:
 
 
 def _live_batches(
-    table_root: str, data_file: DataFile, batch_rows: int
+    table_root: str, data_file: DataFile, batch_bytes: int
 ) -> Iterator[pa.RecordBatch]:
-    """The file's rows its deletion vector does not hide, `batch_rows` at a time, typed as
-    the writer types data rows."""
+    """The file's rows its deletion vector does not hide, about `batch_bytes` at a time,
+    typed as the writer types data rows."""
     hidden = np.empty(0, np.int64)
     if data_file.deletion_vector is not None:
         hidden = position_array(read_positions(table_root, data_file.deletion_vector))
     parquet = pq.ParquetFile(data_file.local_path(table_root))
+    batches = (
+        batch
+        for group in range(parquet.metadata.num_row_groups)
+        for batch in row_group_batches(parquet, group, DATA_COLUMNS, batch_bytes)
+    )
     start = 0
-    for batch in parquet.iter_batches(batch_rows, columns=list(DATA_COLUMNS)):
+    for batch in batches:
         end = start + batch.num_rows
         rows = pa.Table.from_batches([batch]).cast(ARROW_DATA_SCHEMA)
         low, high = np.searchsorted(hidden, [start, end])

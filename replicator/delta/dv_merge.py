@@ -41,11 +41,12 @@ from pyroaring import BitMap64
 from replicator.delta.arrow_append import (
     ARROW_DATA_SCHEMA,
     FILE_BYTES,
-    READ_BATCH_ROWS,
+    READ_BATCH_BYTES,
     ROW_GROUP_BYTES,
     AppendedCommit,
     PartitionFiles,
     grouped_write_refusal,
+    row_group_batches,
 )
 from replicator.delta.changes import concat_changes
 from replicator.delta.commit_metadata import CommitMetadata, txn_app_id
@@ -92,7 +93,7 @@ class DeletionVectorMerger:
         *,
         file_bytes: int = FILE_BYTES,
         row_group_bytes: int = ROW_GROUP_BYTES,
-        read_batch_rows: int = READ_BATCH_ROWS,
+        read_batch_bytes: int = READ_BATCH_BYTES,
     ) -> None:
         if layout.group_width is None:
             raise ValueError("deletion-vector commits need the grouped layout")
@@ -101,7 +102,7 @@ class DeletionVectorMerger:
         self.layout = layout
         self.file_bytes = file_bytes
         self.row_group_bytes = row_group_bytes
-        self.read_batch_rows = read_batch_rows
+        self.read_batch_bytes = read_batch_bytes
         self.index = KeyIndex(self.root)
         self._snapshot: LogSnapshot | None = None
         self.last_rows: MergedRows | None = None
@@ -224,7 +225,7 @@ class DeletionVectorMerger:
         for number, start, length in touched:
             path = self.index.data_file(number).local_path(self.root)
             positions = located["position"].slice(start, length).to_numpy()
-            replaced = rows_at(path, positions, self.read_batch_rows)
+            replaced = rows_at(path, positions, self.read_batch_bytes)
             parts.append(
                 replaced.append_column(CHANGE_TYPE, types.slice(start, length)).cast(FEED_SCHEMA)
             )
@@ -314,12 +315,12 @@ def steady_changes(commits: Sequence[VbucketCommit]) -> pa.Table:
     return concat_changes([deduplicated, concat_changes(unique).combine_chunks()])
 
 
-def rows_at(path: str, positions: np.ndarray, batch_rows: int = READ_BATCH_ROWS) -> pa.Table:
+def rows_at(path: str, positions: np.ndarray, batch_bytes: int = READ_BATCH_BYTES) -> pa.Table:
     """The data columns of the rows at ascending `positions` of the Parquet file at `path`.
 
-    Only the row groups holding one of them are read, `batch_rows` rows at a time: a compacted
-    file holds a whole partition (64 MB of documents on the 1M mirror, more as the table
-    grows), and reading it whole held it all in memory to take a few of its rows.
+    Only the row groups holding one of them are read, about `batch_bytes` at a time: a
+    compacted file holds a whole partition (64 MB of documents on the 1M mirror, more as the
+    table grows), and reading it whole held it all in memory to take a few of its rows.
     """
     parquet = pq.ParquetFile(path)
     columns = list(DATA_COLUMNS)
@@ -330,7 +331,7 @@ def rows_at(path: str, positions: np.ndarray, batch_rows: int = READ_BATCH_ROWS)
         group_end = first_row + parquet.metadata.row_group(group).num_rows
         if taken < len(positions) and positions[taken] < group_end:
             batch_start = first_row
-            for batch in parquet.iter_batches(batch_rows, row_groups=[group], columns=columns):
+            for batch in row_group_batches(parquet, group, columns, batch_bytes):
                 batch_end = batch_start + batch.num_rows
                 upto = int(np.searchsorted(positions, batch_end, side="left"))
                 if upto > taken:

@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 from chispa import assert_df_equality
 
+from replicator.delta.arrow_append import row_group_batches
 from replicator.delta.changes import concat_changes
 from replicator.delta.commit_metadata import COMMIT, CommitMetadata
 from replicator.delta.deletion_vectors import read_positions
@@ -99,8 +100,8 @@ def test_a_steady_batch_by_deletion_vectors_equals_spark_s_merge(
         kind=COMMIT, batch_id=3, part=1, owner_id=claim.owner_id,
         strategy=WriteStrategy.MERGE.value, positions={c.vbucket: c.position for c in commits},
     )  # fmt: skip
-    # Preimages read 3 rows at a time: each file's replaced rows come from several batches.
-    merger = DeletionVectorMerger(str(tmp_path / "dv"), by_hand.data_layout, read_batch_rows=3)
+    # Preimages read a row at a time: each file's replaced rows come from several batches.
+    merger = DeletionVectorMerger(str(tmp_path / "dv"), by_hand.data_layout, read_batch_bytes=1)
 
     landed = merger.merge(_changes(commits), metadata)
 
@@ -423,19 +424,37 @@ def test_delta_s_snapshot_of_a_writer_s_version_is_read_from_a_thread_without_a_
     owners.release(claim)
 
 
-@pytest.mark.parametrize("batch_rows", [1, 4, 7, 100])
+@pytest.mark.parametrize("batch_bytes", [1, 300, 700, 10**9])
 def test_rows_at_positions_are_read_from_only_the_row_groups_that_hold_them(
-    tmp_path: Path, batch_rows: int
+    tmp_path: Path, batch_bytes: int
 ) -> None:
     rows = change_table([upsert(3, f"k{i}", i + 1) for i in range(50)]).select(list(DATA_COLUMNS))
     path = str(tmp_path / "f.parquet")
     pq.write_table(rows, path, row_group_size=10)  # five row groups
     positions = np.array([0, 9, 10, 11, 27, 49], dtype=np.int64)  # none in the fourth group
 
-    taken = rows_at(path, positions, batch_rows)
+    taken = rows_at(path, positions, batch_bytes)
 
     assert taken.column("key").to_pylist() == [f"k{p}" for p in positions]
     assert taken.equals(rows.take(positions))
-    assert rows_at(path, np.array([], dtype=np.int64), batch_rows).num_rows == 0
+    assert rows_at(path, np.array([], dtype=np.int64), batch_bytes).num_rows == 0
     with pytest.raises(ValueError, match="has 50 rows; position 50 is not one"):
-        rows_at(path, np.array([3, 50], dtype=np.int64), batch_rows)
+        rows_at(path, np.array([3, 50], dtype=np.int64), batch_bytes)
+
+
+def test_row_group_batches_hold_about_the_bytes_asked_for(tmp_path: Path) -> None:
+    rows = change_table([upsert(3, f"k{i}", i + 1) for i in range(40)]).select(list(DATA_COLUMNS))
+    path = str(tmp_path / "f.parquet")
+    pq.write_table(rows, path, row_group_size=20)
+    parquet = pq.ParquetFile(path)
+    group_bytes = parquet.metadata.row_group(1).total_byte_size
+
+    def sizes(batch_bytes: int) -> list[int]:
+        batches = row_group_batches(parquet, 1, DATA_COLUMNS, batch_bytes)
+        return [batch.num_rows for batch in batches]
+
+    assert sizes(group_bytes) == [20]  # a row group the writers wrote: one call
+    assert sizes(-(-group_bytes // 4)) == [5, 5, 5, 5]  # a quarter of its size (rounded up)
+    assert sizes(1) == [1] * 20  # never an empty batch
+    second = pa.Table.from_batches(list(row_group_batches(parquet, 1, DATA_COLUMNS, 1)))
+    assert second.equals(rows.slice(20, 20))
