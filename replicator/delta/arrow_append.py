@@ -66,6 +66,10 @@ READ_BATCH_BYTES = 64 * 1024 * 1024
 their size in the file's footer: a row group the writers wrote (ROW_GROUP_BYTES) in one call,
 a larger one (Spark writes 128 MB row groups of compressed rows) in parts of about this size."""
 
+READ_BATCH_MAX_ROWS = 65_536
+"""At most this many rows a read, pyarrow's own default: a dictionary-encoded column's size in
+the footer says little of its size decoded."""
+
 BOUNDED_COLUMNS = frozenset({"vbucket", "collection_id", "seqno", "rev_seqno", "cas", "flags"})
 """Columns whose bounds go into a file's Delta statistics."""
 
@@ -428,8 +432,9 @@ def row_group_batches(
 
     Each batch is a call into Arrow that gives up the GIL and waits to take it back behind
     the replication thread: on two cores that wait, not the decoding, was most of a read in
-    batches of 16,384 rows (README, "Preimages read in fewer calls").
+    batches of 16,384 rows (README, "The GIL, handed over in small calls").
     """
     metadata = parquet.metadata.row_group(group)
-    rows = max(1, batch_bytes * metadata.num_rows // max(metadata.total_byte_size, 1))
+    rows = batch_bytes * metadata.num_rows // max(metadata.total_byte_size, 1)
+    rows = min(max(1, rows), READ_BATCH_MAX_ROWS)
     return parquet.iter_batches(rows, row_groups=[group], columns=list(columns))

@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 from chispa import assert_df_equality
 
-from replicator.delta.arrow_append import row_group_batches
+from replicator.delta.arrow_append import READ_BATCH_MAX_ROWS, row_group_batches
 from replicator.delta.changes import concat_changes
 from replicator.delta.commit_metadata import COMMIT, CommitMetadata
 from replicator.delta.deletion_vectors import read_positions
@@ -458,3 +458,18 @@ def test_row_group_batches_hold_about_the_bytes_asked_for(tmp_path: Path) -> Non
     assert sizes(1) == [1] * 20  # never an empty batch
     second = pa.Table.from_batches(list(row_group_batches(parquet, 1, DATA_COLUMNS, 1)))
     assert second.equals(rows.slice(20, 20))
+
+
+def test_row_group_batches_hold_at_most_pyarrows_default_rows(tmp_path: Path) -> None:
+    # One document repeated: dictionary-encoded, its size in the footer is far below its
+    # size decoded, so the footer alone would read the whole group at once.
+    count = READ_BATCH_MAX_ROWS + 10
+    same = change_table([upsert(3, "k", 1)]).select(list(DATA_COLUMNS))
+    rows = same.take(pa.array([0] * count))
+    path = str(tmp_path / "f.parquet")
+    pq.write_table(rows, path, row_group_size=count)
+    parquet = pq.ParquetFile(path)
+
+    batches = list(row_group_batches(parquet, 0, DATA_COLUMNS, 64 * 1024 * 1024))
+
+    assert [batch.num_rows for batch in batches] == [READ_BATCH_MAX_ROWS, 10]
