@@ -437,4 +437,7 @@ def row_group_batches(
     metadata = parquet.metadata.row_group(group)
     rows = batch_bytes * metadata.num_rows // max(metadata.total_byte_size, 1)
     rows = min(max(1, rows), READ_BATCH_MAX_ROWS)
-    return parquet.iter_batches(rows, row_groups=[group], columns=list(columns))
+    batches: Iterator[pa.RecordBatch] = parquet.iter_batches(
+        rows, row_groups=[group], columns=list(columns)
+    )
+    return batches
