@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 from chispa import assert_df_equality
 
+from replicator.delta import dv_merge
 from replicator.delta.arrow_append import READ_BATCH_MAX_ROWS, row_group_batches
 from replicator.delta.changes import concat_changes
 from replicator.delta.commit_metadata import COMMIT, CommitMetadata
@@ -426,15 +427,23 @@ def test_delta_s_snapshot_of_a_writer_s_version_is_read_from_a_thread_without_a_
 
 @pytest.mark.parametrize("batch_bytes", [1, 300, 700, 10**9])
 def test_rows_at_positions_are_read_from_only_the_row_groups_that_hold_them(
-    tmp_path: Path, batch_bytes: int
+    tmp_path: Path, batch_bytes: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     rows = change_table([upsert(3, f"k{i}", i + 1) for i in range(50)]).select(list(DATA_COLUMNS))
     path = str(tmp_path / "f.parquet")
     pq.write_table(rows, path, row_group_size=10)  # five row groups
     positions = np.array([0, 9, 10, 11, 27, 49], dtype=np.int64)  # none in the fourth group
+    read: list[int] = []
+
+    def recorded(parquet: Any, group: int, columns: Any, size: int) -> Any:
+        read.append(group)
+        return row_group_batches(parquet, group, columns, size)
+
+    monkeypatch.setattr(dv_merge, "row_group_batches", recorded)
 
     taken = rows_at(path, positions, batch_bytes)
 
+    assert read == [0, 1, 2, 4]
     assert taken.column("key").to_pylist() == [f"k{p}" for p in positions]
     assert taken.equals(rows.take(positions))
     assert rows_at(path, np.array([], dtype=np.int64), batch_bytes).num_rows == 0
