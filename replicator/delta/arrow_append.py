@@ -61,15 +61,6 @@ FILE_BYTES = 256 * 1024 * 1024
 ROW_GROUP_BYTES = 32 * 1024 * 1024
 """Rows buffered before they are written as one row group: what the driver holds."""
 
-READ_BATCH_BYTES = 64 * 1024 * 1024
-"""Rows decoded at a time when the writers read data files back (preimages, compaction), by
-their size in the file's footer: a row group the writers wrote (ROW_GROUP_BYTES) in one call,
-a larger one (Spark writes 128 MB row groups of compressed rows) in parts of about this size."""
-
-READ_BATCH_MAX_ROWS = 65_536
-"""At most this many rows a read, pyarrow's own default: a dictionary-encoded column's size in
-the footer says little of its size decoded."""
-
 BOUNDED_COLUMNS = frozenset({"vbucket", "collection_id", "seqno", "rev_seqno", "cas", "flags"})
 """Columns whose bounds go into a file's Delta statistics."""
 
@@ -423,21 +414,3 @@ def _upserts(rows: pa.Table, dropped: pa.Array) -> pa.Table:
     if len(dropped):
         keep = pc.and_(keep, pc.invert(pc.is_in(rows["collection_id"], value_set=dropped)))
     return rows.filter(keep).select(list(DATA_COLUMNS))
-
-
-def row_group_batches(
-    parquet: pq.ParquetFile, group: int, columns: Sequence[str], batch_bytes: int
-) -> Iterator[pa.RecordBatch]:
-    """The `columns` of row group `group`, about `batch_bytes` of decoded rows a batch.
-
-    Each batch is a call into Arrow that gives up the GIL and waits to take it back behind
-    the replication thread: on two cores that wait, not the decoding, was most of a read in
-    batches of 16,384 rows (README, "The GIL, handed over in small calls").
-    """
-    metadata = parquet.metadata.row_group(group)
-    rows = batch_bytes * metadata.num_rows // max(metadata.total_byte_size, 1)
-    rows = min(max(1, rows), READ_BATCH_MAX_ROWS)
-    batches: Iterator[pa.RecordBatch] = parquet.iter_batches(
-        rows, row_groups=[group], columns=list(columns)
-    )
-    return batches

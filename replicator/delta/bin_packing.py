@@ -32,12 +32,11 @@ import pyarrow.parquet as pq
 
 from replicator.delta.arrow_append import (
     ARROW_DATA_SCHEMA,
-    READ_BATCH_BYTES,
     ROW_GROUP_BYTES,
     PartitionFiles,
-    row_group_batches,
 )
 from replicator.delta.deletion_vectors import position_array, read_positions
+from replicator.delta.file_reads import READ_BATCH_BYTES, read_parts
 from replicator.delta.log_entry import publish_entry, remove_files
 from replicator.delta.log_snapshot import DataFile, LogSnapshot
 from replicator.delta.schema import DATA_COLUMNS, DataLayout
@@ -167,21 +166,13 @@ def _live_batches(
     if data_file.deletion_vector is not None:
         hidden = position_array(read_positions(table_root, data_file.deletion_vector))
     parquet = pq.ParquetFile(data_file.local_path(table_root))
-    batches = (
-        batch
-        for group in range(parquet.metadata.num_row_groups)
-        for batch in row_group_batches(parquet, group, DATA_COLUMNS, batch_bytes)
-    )
-    start = 0
-    for batch in batches:
-        end = start + batch.num_rows
-        rows = pa.Table.from_batches([batch]).cast(ARROW_DATA_SCHEMA)
-        low, high = np.searchsorted(hidden, [start, end])
+    for part in read_parts(parquet, DATA_COLUMNS, batch_bytes):
+        rows = part.rows.cast(ARROW_DATA_SCHEMA)
+        low, high = np.searchsorted(hidden, [part.first_row, part.end_row])
         if high > low:
-            keep = np.ones(batch.num_rows, bool)
-            keep[hidden[low:high] - start] = False
+            keep = np.ones(rows.num_rows, bool)
+            keep[hidden[low:high] - part.first_row] = False
             rows = rows.filter(pa.array(keep))
-        start = end
         yield from rows.to_batches()
 
 

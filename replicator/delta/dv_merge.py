@@ -41,17 +41,16 @@ from pyroaring import BitMap64
 from replicator.delta.arrow_append import (
     ARROW_DATA_SCHEMA,
     FILE_BYTES,
-    READ_BATCH_BYTES,
     ROW_GROUP_BYTES,
     AppendedCommit,
     PartitionFiles,
     grouped_write_refusal,
-    row_group_batches,
 )
 from replicator.delta.changes import concat_changes
 from replicator.delta.commit_metadata import CommitMetadata, txn_app_id
 from replicator.delta.conflicts import MergeConflict
 from replicator.delta.deletion_vectors import write_vectors
+from replicator.delta.file_reads import READ_BATCH_BYTES, group_starts, read_parts
 from replicator.delta.key_index import KEY_COLUMNS, KeyIndex
 from replicator.delta.log_entry import publish_entry, remove_files
 from replicator.delta.log_snapshot import LogSnapshot, carries_txn, read_snapshot
@@ -324,26 +323,19 @@ def rows_at(path: str, positions: np.ndarray, batch_bytes: int = READ_BATCH_BYTE
     """
     parquet = pq.ParquetFile(path)
     columns = list(DATA_COLUMNS)
+    if not len(positions):
+        return parquet.schema_arrow.empty_table().select(columns)
+    starts = group_starts(parquet)
+    if positions[-1] >= starts[-1]:
+        raise ValueError(f"{path} has {starts[-1]} rows; position {positions[-1]} is not one")
+    groups = np.unique(np.searchsorted(starts, positions, side="right") - 1).tolist()
     parts = []
     taken = 0
-    first_row = 0
-    for group in range(parquet.metadata.num_row_groups):
-        group_end = first_row + parquet.metadata.row_group(group).num_rows
-        if taken < len(positions) and positions[taken] < group_end:
-            batch_start = first_row
-            for batch in row_group_batches(parquet, group, columns, batch_bytes):
-                batch_end = batch_start + batch.num_rows
-                upto = int(np.searchsorted(positions, batch_end, side="left"))
-                if upto > taken:
-                    parts.append(pa.table(batch).take(positions[taken:upto] - batch_start))
-                    taken = upto
-                batch_start = batch_end
-                if taken == len(positions) or positions[taken] >= group_end:
-                    break
-        first_row = group_end
-    if taken != len(positions):
-        raise ValueError(f"{path} has {first_row} rows; position {positions[taken]} is not one")
-    return pa.concat_tables(parts) if parts else parquet.schema_arrow.empty_table().select(columns)
+    for part in read_parts(parquet, columns, batch_bytes, groups):
+        upto = int(np.searchsorted(positions, part.end_row, side="left"))
+        parts.append(part.rows.take(positions[taken:upto] - part.first_row))
+        taken = upto
+    return pa.concat_tables(parts)
 
 
 def runs(numbers: pa.ChunkedArray) -> list[tuple[int, int, int]]:

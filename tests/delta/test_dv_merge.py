@@ -18,12 +18,12 @@ import pytest
 from chispa import assert_df_equality
 
 from replicator.delta import dv_merge
-from replicator.delta.arrow_append import READ_BATCH_MAX_ROWS, row_group_batches
 from replicator.delta.changes import concat_changes
 from replicator.delta.commit_metadata import COMMIT, CommitMetadata
 from replicator.delta.deletion_vectors import read_positions
 from replicator.delta.dv_merge import DeletionVectorMerger, rows_at, steady_changes
 from replicator.delta.executor import CommitExecutor, WriteStrategy
+from replicator.delta.file_reads import read_parts
 from replicator.delta.log_snapshot import read_snapshot
 from replicator.delta.ownership import OwnersTable
 from replicator.delta.schema import DATA_COLUMNS, MirrorConfig
@@ -435,11 +435,11 @@ def test_rows_at_positions_are_read_from_only_the_row_groups_that_hold_them(
     positions = np.array([0, 9, 10, 11, 27, 49], dtype=np.int64)  # none in the fourth group
     read: list[int] = []
 
-    def recorded(parquet: Any, group: int, columns: Any, size: int) -> Any:
-        read.append(group)
-        return row_group_batches(parquet, group, columns, size)
+    def recorded(parquet: Any, columns: Any, size: int, groups: Any) -> Any:
+        read.extend(groups)
+        return read_parts(parquet, columns, size, groups)
 
-    monkeypatch.setattr(dv_merge, "row_group_batches", recorded)
+    monkeypatch.setattr(dv_merge, "read_parts", recorded)
 
     taken = rows_at(path, positions, batch_bytes)
 
@@ -449,36 +449,3 @@ def test_rows_at_positions_are_read_from_only_the_row_groups_that_hold_them(
     assert rows_at(path, np.array([], dtype=np.int64), batch_bytes).num_rows == 0
     with pytest.raises(ValueError, match="has 50 rows; position 50 is not one"):
         rows_at(path, np.array([3, 50], dtype=np.int64), batch_bytes)
-
-
-def test_row_group_batches_hold_about_the_bytes_asked_for(tmp_path: Path) -> None:
-    rows = change_table([upsert(3, f"k{i}", i + 1) for i in range(40)]).select(list(DATA_COLUMNS))
-    path = str(tmp_path / "f.parquet")
-    pq.write_table(rows, path, row_group_size=20)
-    parquet = pq.ParquetFile(path)
-    group_bytes = parquet.metadata.row_group(1).total_byte_size
-
-    def sizes(batch_bytes: int) -> list[int]:
-        batches = row_group_batches(parquet, 1, DATA_COLUMNS, batch_bytes)
-        return [batch.num_rows for batch in batches]
-
-    assert sizes(group_bytes) == [20]  # a row group the writers wrote: one call
-    assert sizes(-(-group_bytes // 4)) == [5, 5, 5, 5]  # a quarter of its size (rounded up)
-    assert sizes(1) == [1] * 20  # never an empty batch
-    second = pa.Table.from_batches(list(row_group_batches(parquet, 1, DATA_COLUMNS, 1)))
-    assert second.equals(rows.slice(20, 20))
-
-
-def test_row_group_batches_hold_at_most_pyarrows_default_rows(tmp_path: Path) -> None:
-    # One document repeated: dictionary-encoded, its size in the footer is far below its
-    # size decoded, so the footer alone would read the whole group at once.
-    count = READ_BATCH_MAX_ROWS + 10
-    same = change_table([upsert(3, "k", 1)]).select(list(DATA_COLUMNS))
-    rows = same.take(pa.array([0] * count))
-    path = str(tmp_path / "f.parquet")
-    pq.write_table(rows, path, row_group_size=count)
-    parquet = pq.ParquetFile(path)
-
-    batches = list(row_group_batches(parquet, 0, DATA_COLUMNS, 64 * 1024 * 1024))
-
-    assert [batch.num_rows for batch in batches] == [READ_BATCH_MAX_ROWS, 10]
