@@ -38,7 +38,7 @@ class FilePart:
 
     @property
     def end_row(self) -> int:
-        return self.first_row + self.rows.num_rows
+        return self.first_row + int(self.rows.num_rows)
 
 
 def group_starts(parquet: pq.ParquetFile) -> np.ndarray:

@@ -29,7 +29,7 @@ def _file(tmp_path: Path, count: int, group_rows: int) -> tuple[pa.Table, pq.Par
 
 def _group_bytes(parquet: pq.ParquetFile) -> int:
     return max(
-        parquet.metadata.row_group(group).total_byte_size
+        int(parquet.metadata.row_group(group).total_byte_size)
         for group in range(parquet.metadata.num_row_groups)
     )
 
