@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 import pytest
 
 from replicator.dcp.protocol.events import (
@@ -110,6 +111,18 @@ def test_spill_files_are_owner_only_in_an_owner_only_directory(tmp_path: Path) -
     table = read_spill_file(str(path))
     assert table.schema.equals(CHANGE_SCHEMA)
     assert seqnos_of(table) == [1, 2, 3, 4]
+
+
+def test_spill_files_carry_no_dictionary_and_no_statistics(tmp_path: Path) -> None:
+    # They are read back whole: a dictionary and statistics would only cost the write.
+    stager = Stager(tmp_path / "staging", memory_budget_bytes=1)
+    stager.stage_rows(3, rows(3, range(1, 50)))
+    [path] = spill_paths(tmp_path / "staging")
+    group = pq.ParquetFile(path).metadata.row_group(0)
+    chunks = [group.column(index) for index in range(group.num_columns)]
+    assert not [c.path_in_schema for c in chunks if "RLE_DICTIONARY" in c.encodings]
+    assert not [c.path_in_schema for c in chunks if c.is_stats_set]
+    assert seqnos_of(read_spill_file(str(path))) == list(range(1, 50))
 
 
 def test_a_restart_removes_the_killed_runs_spill_files_and_spills_again(
