@@ -337,7 +337,6 @@ class Replication:
         asked = len(self._rollbacks_due)
         for event in batch.events:  # data messages stay columnar runs
             self._handle(event)
-        self._staging.flush()
         self._source.acknowledge(batch)
         self._roll_back_when_gathered(more_came=len(self._rollbacks_due) > asked)
         self._commit_if_due()
@@ -364,11 +363,7 @@ class Replication:
 
     def staged_up_to(self) -> dict[int, int]:
         """Per vbucket, the end seqno of its newest complete snapshot staged but not committed."""
-        return {
-            vb: runs[-1].end_seqno
-            for vb, runs in self._staging.stager.ready_snapshots().items()
-            if runs
-        }
+        return self._staging.staged_up_to()
 
     # --- events ------------------------------------------------------------------------
 
@@ -624,6 +619,10 @@ class Replication:
             if not (force or self._in_flight.future.done()):
                 return
             self._finish_commit_in_flight()
+        # Items wait in chunks until a commit may be planned (or the chunks are full): while
+        # one is in flight, a flush per poll staged a table per vbucket per few items, which
+        # the next commit joined again (0.5 s of 125,000 rows in 9,000 tables, 1.8 s in 125,000).
+        self._staging.flush()
         stager = self._staging.stager
         ready = stager.ready_snapshots()
         if self._rollbacks_due:  # what they staged is on a history about to be rewound

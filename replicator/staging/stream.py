@@ -32,9 +32,9 @@ class StreamStager:
     ended meanwhile in order. Once `feed` returns, the event is staged (in a chunk or in the
     stager), so the stream may count it towards BUFFER_ACK. `feed` returns the snapshot the
     event completed; its rows are ready in the stager after the next `flush` (the caller
-    flushes once per polled batch). A failed stream's half-sent snapshot is dropped here and
-    in the stager. After a ProtocolError or StagingError the vbucket's state is unreliable:
-    `discard` it and reopen its stream.
+    flushes before it plans a commit; `feed` flushes when the chunks are full). A failed
+    stream's half-sent snapshot is dropped here and in the stager. After a ProtocolError or
+    StagingError the vbucket's state is unreliable: `discard` it and reopen its stream.
     """
 
     def __init__(
@@ -43,7 +43,7 @@ class StreamStager:
         converter: ChangeRowConverter | None = None,
         *,
         chunk_rows: int = 4096,
-        chunk_bytes: int = 4 * 1024 * 1024,
+        chunk_bytes: int = 16 * 1024 * 1024,
     ) -> None:
         if chunk_rows <= 0 or chunk_bytes <= 0:
             raise ValueError("chunk_rows and chunk_bytes must be positive")
@@ -62,6 +62,15 @@ class StreamStager:
     @property
     def stager(self) -> Stager:
         return self._stager
+
+    def staged_up_to(self) -> dict[int, int]:
+        """Per vbucket, the end seqno of its newest complete snapshot not yet committed, ready
+        in the stager or still waiting in a chunk."""
+        ends = {vb: runs[-1].end_seqno for vb, runs in self._stager.ready_snapshots().items()}
+        for vbucket, chunk in self._chunks.items():
+            if chunk.completions:
+                ends[vbucket] = chunk.completions[-1][1].end_seqno
+        return ends
 
     @property
     def chunked_bytes(self) -> int:
@@ -121,17 +130,25 @@ class StreamStager:
         self._chunked_bytes = 0
         offset = 0
         for vbucket, chunk in chunks:
-            staged = 0
-            for boundary, snapshot in (*chunk.completions, (chunk.rows, None)):
-                if boundary > staged:
-                    part = rows.slice(offset + staged, boundary - staged)
-                    # A slice shares the converted batch's buffers: charge its share of them.
-                    share = total_bytes * part.num_rows // max(rows.num_rows, 1)
-                    self._stager.stage_rows(vbucket, part, size_bytes=share)
-                    staged = boundary
-                if snapshot is not None:
-                    self._stager.complete_snapshot(snapshot)
+            # The snapshots a chunk completes all join one run (the vbucket's last unclaimed
+            # one, or one they start), so their rows go in as one slice before they complete:
+            # a slice per snapshot was a staged table per row at 1024 vbuckets of one-item
+            # snapshots, each copied again when a commit joined them.
+            completed_rows = chunk.completions[-1][0] if chunk.completions else 0
+            self._stage(vbucket, rows, offset, completed_rows, total_bytes)
+            for _, snapshot in chunk.completions:
+                self._stager.complete_snapshot(snapshot)
+            self._stage(vbucket, rows, offset + completed_rows, chunk.rows - completed_rows,
+                        total_bytes)  # fmt: skip
             offset += chunk.rows
+
+    def _stage(
+        self, vbucket: int, rows: pa.Table, start: int, length: int, total_bytes: int
+    ) -> None:
+        if length:
+            # A slice shares the converted batch's buffers: charge its share of them.
+            share = total_bytes * length // max(rows.num_rows, 1)
+            self._stager.stage_rows(vbucket, rows.slice(start, length), size_bytes=share)
 
     def discard(self, vbucket: int, *, resume_seqno: int | None = None) -> None:
         """Drop all the vbucket's staged and half-assembled rows (rollback or reconnect)."""

@@ -63,10 +63,10 @@ class RecordingStore:
 
 
 def step_until(replication: Replication, stager: Stager, seqno: int, vbucket: int = 0) -> None:
-    """Step until the vbucket's staged snapshots reach `seqno` (a real producer: bounded)."""
+    """Step until the vbucket's staged snapshots (ready, or waiting in a chunk to be
+    converted) reach `seqno` (a real producer: bounded)."""
     for _ in range(200):
-        ready = stager.ready_snapshots().get(vbucket, ())
-        if any(run.end_seqno >= seqno for run in ready):
+        if replication.staged_up_to().get(vbucket, 0) >= seqno:
             return
         replication.step(poll_timeout=0.05)
     raise AssertionError(f"vbucket {vbucket} never staged up to seqno {seqno}")
@@ -250,6 +250,8 @@ def test_staging_goes_on_during_a_commit_and_a_stream_resumes_after_what_it_comm
             bucket.upsert(f"second-{index}", {"n": index})
         step_until(replication, stager, 8)
         assert replication.stats.commits == 0, "the held commit was taken as landed"
+        # Until a commit may be planned, the new items wait in chunks, converted in one go.
+        assert [run.end_seqno for run in stager.ready(0)] == [5]
 
         # A failover that loses seqnos 5 to 8 ends the stream while the commit is in flight.
         # The stream must resume from the seqno that commit reaches, and so roll back from it.

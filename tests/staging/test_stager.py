@@ -450,15 +450,42 @@ def test_stream_stager_converts_all_vbuckets_at_once_and_splits_them_by_snapshot
     completed = [done for event in events if (done := stream.feed(event)) is not None]
     assert [(c.vbucket, c.end_seqno) for c in completed] == [(3, 1), (5, 2), (3, 3)]
     assert stager.ready_snapshots() == {} and stream.chunked_bytes > 0
+    assert stream.staged_up_to() == {3: 3, 5: 2}  # complete, waiting in chunks
     stream.flush()
+    assert stream.staged_up_to() == {3: 3, 5: 2}
     assert stream.chunked_bytes == 0
     [run3] = stager.ready(3)  # consecutive snapshots of a vbucket are one run
     assert (run3.start_seqno, run3.end_seqno, run3.snapshot_count) == (1, 3, 2)
     assert seqnos_of(run3.read_rows()) == [1, 2, 3]
+    assert len(run3.tables) == 1  # the snapshots a flush completes are staged as one slice
     assert set(run3.read_rows()["vbucket"].to_pylist()) == {3}
     [run5] = stager.ready(5)
     assert seqnos_of(run5.read_rows()) == [1, 2]
     assert stager.pending_rows(3) == 1 and stager.pending_rows(5) == 0
+
+
+def test_snapshots_completing_after_a_claim_start_a_run_of_their_own_rows(
+    tmp_path: Path,
+) -> None:
+    stager = Stager(tmp_path)
+    stream = StreamStager(stager, CONVERTER)
+    for event in (SnapshotMarker(3, 1, 1, SnapshotFlags.MEMORY), mutation(3, 1)):
+        stream.feed(event)
+    stream.flush()
+    batch = plan(stager, 1)
+    stager.claim(batch)  # type: ignore[arg-type]
+    for seqno in (2, 3, 4):
+        stream.feed(SnapshotMarker(3, seqno, seqno, SnapshotFlags.MEMORY))
+        stream.feed(mutation(3, seqno))
+    stream.feed(SnapshotMarker(3, 5, 9, SnapshotFlags.MEMORY))
+    stream.feed(mutation(3, 5))  # open
+    stream.flush()
+    claimed, fresh = stager.ready(3)
+    assert (claimed.end_seqno, claimed.claimed_by) == (1, 1)
+    assert seqnos_of(claimed.read_rows()) == [1]
+    assert (fresh.start_seqno, fresh.end_seqno, fresh.snapshot_count) == (2, 4, 3)
+    assert seqnos_of(fresh.read_rows()) == [2, 3, 4] and len(fresh.tables) == 1
+    assert stager.pending_rows(3) == 1
 
 
 def test_stream_stager_keeps_a_snapshot_completed_before_its_stream_failed(
