@@ -291,6 +291,11 @@ class Stager:
         return self._spilled_total
 
     @property
+    def clock(self) -> Callable[[], float]:
+        """The clock runs' `ready_since` is read from."""
+        return self._clock
+
+    @property
     def staged_bytes(self) -> int:
         """Everything staged and not yet released: bytes in memory plus bytes on disk."""
         return self._buffered + self._spilled_file_bytes
@@ -337,8 +342,14 @@ class Stager:
         self._buffered += incoming
         self._peak_buffered = max(self._peak_buffered, self._buffered)
 
-    def complete_snapshot(self, snapshot: CompleteSnapshot) -> None:
-        """The vbucket's pending rows form the complete `snapshot`: they become ready."""
+    def complete_snapshot(
+        self, snapshot: CompleteSnapshot, *, completed_at: float | None = None
+    ) -> None:
+        """The vbucket's pending rows form the complete `snapshot`: they become ready.
+
+        `completed_at` is when the snapshot's last item arrived, by the stager's `clock`
+        (default: now); a run is ready since its first snapshot's.
+        """
         stage = self._stage(snapshot.vbucket)
         last = stage.runs[-1] if stage.runs else None
         if last is not None and snapshot.end_seqno < last.end_seqno:
@@ -370,7 +381,7 @@ class Stager:
                 manifest_uid=snapshot.manifest_uid,
                 dropped_collection_ids=list(snapshot.dropped_collection_ids),
                 rows=pending,
-                ready_since=self._clock(),
+                ready_since=self._clock() if completed_at is None else completed_at,
             )
         )
         _note_history(stage.runs[-1].history_ranges, snapshot)

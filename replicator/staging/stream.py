@@ -99,7 +99,8 @@ class StreamStager:
             self._chunked_bytes += size
         if completed is not None:
             chunk = self._chunk(vbucket)
-            chunk.completions.append((chunk.rows, completed))
+            # Ready from now, not from the flush: the commit delay counts from its arrival.
+            chunk.completions.append((chunk.rows, completed, self._stager.clock()))
         elif _voids_partial(event):
             if vbucket in self._chunks and self._chunks[vbucket].completions:
                 self.flush()  # the snapshots completed before the failure are kept
@@ -136,8 +137,8 @@ class StreamStager:
             # snapshots, each copied again when a commit joined them.
             completed_rows = chunk.completions[-1][0] if chunk.completions else 0
             self._stage(vbucket, rows, offset, completed_rows, total_bytes)
-            for _, snapshot in chunk.completions:
-                self._stager.complete_snapshot(snapshot)
+            for _, snapshot, completed_at in chunk.completions:
+                self._stager.complete_snapshot(snapshot, completed_at=completed_at)
             self._stage(vbucket, rows, offset + completed_rows, chunk.rows - completed_rows,
                         total_bytes)  # fmt: skip
             offset += chunk.rows
@@ -172,13 +173,14 @@ class StreamStager:
 class _Chunk:
     """A vbucket's items waiting for conversion, and the snapshots they complete.
 
-    `completions` are (rows of this chunk before the snapshot's end, snapshot), in order.
+    `completions` are (rows of this chunk before the snapshot's end, snapshot, the stager
+    clock's time it completed), in order.
     """
 
     items: list[ItemEvent | DocumentChanges] = field(default_factory=list)
     rows: int = 0
     bytes: int = 0
-    completions: list[tuple[int, CompleteSnapshot]] = field(default_factory=list)
+    completions: list[tuple[int, CompleteSnapshot, float]] = field(default_factory=list)
 
 
 def _voids_partial(event: StreamEvent) -> bool:

@@ -488,6 +488,18 @@ def test_snapshots_completing_after_a_claim_start_a_run_of_their_own_rows(
     assert stager.pending_rows(3) == 1
 
 
+def test_a_snapshot_waiting_in_a_chunk_is_ready_since_it_arrived(tmp_path: Path) -> None:
+    clock = ManualClock(100.0)
+    stager = Stager(tmp_path, clock=clock)
+    stream = StreamStager(stager, CONVERTER)
+    stream.feed(SnapshotMarker(3, 1, 1, SnapshotFlags.MEMORY))
+    stream.feed(mutation(3, 1))
+    clock.now = 107.5  # flushed later, when a commit may be planned
+    stream.flush()
+    [run] = stager.ready(3)
+    assert run.ready_since == 100.0
+
+
 def test_stream_stager_keeps_a_snapshot_completed_before_its_stream_failed(
     tmp_path: Path,
 ) -> None:
