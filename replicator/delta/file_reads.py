@@ -21,7 +21,7 @@ READ_BATCH_BYTES = 256 * 1024 * 1024
 their size in the file's footer: eight row groups the writers wrote (ROW_GROUP_BYTES) in one
 call, a larger group in parts of about this size. A quarter of it read 100,000 preimages from
 a 3.1-million-row table in 3.4 to 4.2 s beside a busy Python thread, this in 2.5 to 2.8 s
-(README, "Preimages read in fewer calls")."""
+(README, "Fewer, larger calls on both hot threads")."""
 
 READ_BATCH_MAX_ROWS = 262_144
 """At most this many rows a read: a dictionary-encoded column's size in the footer says little
