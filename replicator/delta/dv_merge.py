@@ -333,8 +333,9 @@ def rows_at(path: str, positions: np.ndarray, batch_bytes: int = READ_BATCH_BYTE
     taken = 0
     for part in read_parts(parquet, columns, batch_bytes, groups):
         upto = int(np.searchsorted(positions, part.end_row, side="left"))
-        parts.append(part.rows.take(positions[taken:upto] - part.first_row))
-        taken = upto
+        if upto > taken:  # a batch of a large row group may hold none of them
+            parts.append(part.rows.take(positions[taken:upto] - part.first_row))
+            taken = upto
     return pa.concat_tables(parts)
 
 

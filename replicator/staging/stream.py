@@ -139,8 +139,8 @@ class StreamStager:
             self._stage(vbucket, rows, offset, completed_rows, total_bytes)
             for _, snapshot, completed_at in chunk.completions:
                 self._stager.complete_snapshot(snapshot, completed_at=completed_at)
-            self._stage(vbucket, rows, offset + completed_rows, chunk.rows - completed_rows,
-                        total_bytes)  # fmt: skip
+            open_rows = chunk.rows - completed_rows
+            self._stage(vbucket, rows, offset + completed_rows, open_rows, total_bytes)
             offset += chunk.rows
 
     def _stage(

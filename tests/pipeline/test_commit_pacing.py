@@ -62,7 +62,7 @@ class RecordingStore:
         pass
 
 
-def step_until(replication: Replication, stager: Stager, seqno: int, vbucket: int = 0) -> None:
+def step_until(replication: Replication, seqno: int, vbucket: int = 0) -> None:
     """Step until the vbucket's staged snapshots (ready, or waiting in a chunk to be
     converted) reach `seqno` (a real producer: bounded)."""
     for _ in range(200):
@@ -127,15 +127,15 @@ def test_after_a_slow_commit_the_next_batch_waits_as_long_as_it_took(tmp_path: P
     store = RecordingStore(clock)
     with SimCluster(bucket, nodes=1) as cluster, replication_over(
         cluster, tmp_path, store, clock, vbuckets=(0,)
-    ) as (replication, stager, _):
-        step_until(replication, stager, 5)
+    ) as (replication, _, _):
+        step_until(replication, 5)
         clock.now += DELAY_S
         replication.step(poll_timeout=0.0)
         assert len(store.batches) == 1  # the configured delay: and it took 20 s
 
         for index in range(3):
             bucket.upsert(f"second-{index}", {"n": index})
-        step_until(replication, stager, 8)
+        step_until(replication, 8)
         clock.now += DELAY_S + 1
         replication.step(poll_timeout=0.0)
         assert len(store.batches) == 1, "after a 20 s commit, 3 s of waiting is too soon"
@@ -160,9 +160,9 @@ def test_a_run_with_targets_commits_once_every_target_is_staged_not_before(
     store = RecordingStore(clock)
     with SimCluster(bucket, nodes=1) as cluster, replication_over(
         cluster, tmp_path, store, clock, vbuckets=(0, 1), targets=targets
-    ) as (replication, stager, _):
-        step_until(replication, stager, highs[0], vbucket=0)
-        step_until(replication, stager, highs[1], vbucket=1)
+    ) as (replication, _, _):
+        step_until(replication, highs[0], vbucket=0)
+        step_until(replication, highs[1], vbucket=1)
         replication.step(poll_timeout=0.0)
         assert store.batches == [], "vbucket 1's target is not staged yet"
 
@@ -240,7 +240,7 @@ def test_staging_goes_on_during_a_commit_and_a_stream_resumes_after_what_it_comm
             return batch
 
         source.poll = watching_poll  # type: ignore[method-assign]
-        step_until(replication, stager, 5)
+        step_until(replication, 5)
         clock.now += DELAY_S
         replication.step(poll_timeout=0.0)
         assert store.commit_started.wait(timeout=30), "the batch up to seqno 5 never started"
@@ -248,7 +248,7 @@ def test_staging_goes_on_during_a_commit_and_a_stream_resumes_after_what_it_comm
         # The commit is held, and the replication goes on streaming and staging.
         for index in range(3):
             bucket.upsert(f"second-{index}", {"n": index})
-        step_until(replication, stager, 8)
+        step_until(replication, 8)
         assert replication.stats.commits == 0, "the held commit was taken as landed"
         # Until a commit may be planned, the new items wait in chunks, converted in one go.
         assert [run.end_seqno for run in stager.ready(0)] == [5]
@@ -278,7 +278,7 @@ def test_the_rollbacks_of_one_failover_reach_the_store_together(tmp_path: Path) 
     store = RollbackRecordingStore(clock)
     with SimCluster(bucket, nodes=2) as cluster, replication_over(
         cluster, tmp_path, store, clock, vbuckets=tuple(range(8))
-    ) as (replication, stager, source):
+    ) as (replication, _, source):
         poll = source.poll
 
         def one_event_at_a_time(
@@ -288,7 +288,7 @@ def test_the_rollbacks_of_one_failover_reach_the_store_together(tmp_path: Path) 
 
         source.poll = one_event_at_a_time  # type: ignore[method-assign]
         for vbucket in range(8):
-            step_until(replication, stager, 3, vbucket=vbucket)
+            step_until(replication, 3, vbucket=vbucket)
         clock.now += DELAY_S
         replication.step(poll_timeout=0.0)
         assert [sorted(b.positions) for b in store.batches] == [list(range(8))]
@@ -306,5 +306,5 @@ def test_the_rollbacks_of_one_failover_reach_the_store_together(tmp_path: Path) 
         assert {vb: replication.positions()[vb].seqno for vb in hit} == dict.fromkeys(hit, 1)
         # The streams reopen from there, on the new history: no second rollback.
         bucket.upsert(bucket.keys_in_vbucket(hit[0], 1, "after")[0], {"vb": hit[0]})
-        step_until(replication, stager, 2, vbucket=hit[0])
+        step_until(replication, 2, vbucket=hit[0])
         assert store.rollback_calls == [len(hit)]
