@@ -168,6 +168,14 @@ class ReplicatorConfig:
     steady_writer: str = "deletion-vectors"
     """Who commits steady batches (STEADY_WRITERS): Spark's MERGE, or deletion vectors and new
     files written by the replicator where the table and the batch allow it."""
+    row_images: bool = True
+    """With the deletion-vector writer, keep each data file's rows again as uncompressed Arrow
+    beside the table (`_replicator/row_images`), so that a batch's preimages and a compaction's
+    rows are taken by position instead of decoding the table's Parquet (disk: about the live
+    documents' size uncompressed)."""
+    writer_process: bool = True
+    """Run the deletion-vector writer in a child process of its own, where its Arrow work never
+    waits for the replication thread's GIL."""
     history: bool = False
     """Open change streams and keep every revision of collections with history retention in a
     history table beside the mirror (`_replicator/history`)."""

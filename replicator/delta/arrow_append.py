@@ -37,6 +37,7 @@ from replicator.delta.changes import concat_changes
 from replicator.delta.commit_metadata import CommitMetadata, txn_app_id
 from replicator.delta.log_snapshot import carries_txn
 from replicator.delta.paths import local_path, newest_table, on_local_filesystem
+from replicator.delta.row_images import ImageWriter, RowImages
 from replicator.delta.schema import DATA_COLUMNS, DataLayout
 from replicator.planning.planner import VbucketCommit, deduplicate_changes
 from replicator.staging.rows import CHANGE_SCHEMA, UPSERT
@@ -277,15 +278,24 @@ class PartitionFiles:
     the record count, nulls of every column, and the bounds of the integer columns (those
     data skipping reads: `vbucket` above all); no string bounds, which would need Delta's
     truncation rules.
+
+    With `images`, each file's row image is written beside it and published once the file is
+    closed (`row_images`).
     """
 
     def __init__(
-        self, table_path: str, layout: DataLayout, file_bytes: int, row_group_bytes: int
+        self,
+        table_path: str,
+        layout: DataLayout,
+        file_bytes: int,
+        row_group_bytes: int,
+        images: RowImages | None = None,
     ) -> None:
         self.table_path = table_path
         self.layout = layout
         self.file_bytes = file_bytes
         self.row_group_bytes = row_group_bytes
+        self.images = images
         partition = layout.partition_column
         self.columns = [name for name in DATA_COLUMNS if name != partition]
         self.schema = pa.schema([ARROW_DATA_SCHEMA.field(name) for name in self.columns])
@@ -312,10 +322,14 @@ class PartitionFiles:
     def discard(self) -> None:
         if self._open is not None:
             self._open.writer.close()
+            if self._open.image is not None:
+                self._open.image.discard()
             self._open = None
         for path in self._written:
             with contextlib.suppress(FileNotFoundError):
                 os.remove(path)
+        if self.images is not None:
+            self.images.drop(action.path for action in self.actions)
 
     def _groups(self, batch: pa.RecordBatch) -> pa.Array:
         vbuckets = batch.column(DATA_COLUMNS.index("vbucket"))
@@ -334,7 +348,9 @@ class PartitionFiles:
             os.makedirs(os.path.dirname(full), exist_ok=True)
             self._written.append(full)
             writer = pq.ParquetWriter(full, self.schema, compression="snappy")
-            current = self._open = _OpenFile(group, f"{directory}/{name}", full, writer)
+            path = f"{directory}/{name}"
+            image = None if self.images is None else self.images.writer(path)
+            current = self._open = _OpenFile(group, path, full, writer, image)
         rows = pa.RecordBatch.from_arrays(
             [batch.column(DATA_COLUMNS.index(name)) for name in self.columns], schema=self.schema
         )
@@ -348,6 +364,8 @@ class PartitionFiles:
             return
         current.flush()
         current.writer.close()
+        if current.image is not None:
+            current.image.publish()
         from deltalake.transaction import AddAction
 
         status = os.stat(current.full_path)
@@ -367,11 +385,19 @@ class PartitionFiles:
 class _OpenFile:
     """One Parquet file being written: its buffered rows and its statistics so far."""
 
-    def __init__(self, group: int, path: str, full_path: str, writer: pq.ParquetWriter) -> None:
+    def __init__(
+        self,
+        group: int,
+        path: str,
+        full_path: str,
+        writer: pq.ParquetWriter,
+        image: ImageWriter | None = None,
+    ) -> None:
         self.group = group
         self.path = path
         self.full_path = full_path
         self.writer = writer
+        self.image = image
         self.bytes = 0
         self.buffered: list[pa.RecordBatch] = []
         self.buffered_bytes = 0
@@ -398,6 +424,8 @@ class _OpenFile:
         if self.buffered:
             rows = pa.Table.from_batches(self.buffered)
             self.writer.write_table(rows, row_group_size=max(rows.num_rows, 1))
+            if self.image is not None:
+                self.image.write(rows)
             self.buffered, self.buffered_bytes = [], 0
 
     def stats(self) -> dict[str, Any]:

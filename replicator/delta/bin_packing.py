@@ -36,9 +36,10 @@ from replicator.delta.arrow_append import (
     PartitionFiles,
 )
 from replicator.delta.deletion_vectors import position_array, read_positions
-from replicator.delta.file_reads import READ_BATCH_BYTES, read_parts
+from replicator.delta.file_reads import READ_BATCH_BYTES, FilePart, read_parts
 from replicator.delta.log_entry import publish_entry, remove_files
 from replicator.delta.log_snapshot import DataFile, LogSnapshot
+from replicator.delta.row_images import RowImages
 from replicator.delta.schema import DATA_COLUMNS, DataLayout
 
 PACKED_FILE_BYTES = 1024 * 1024 * 1024
@@ -92,9 +93,13 @@ def pack_partitions(
     file_bytes: int = PACKED_FILE_BYTES,
     row_group_bytes: int = ROW_GROUP_BYTES,
     read_batch_bytes: int = READ_BATCH_BYTES,
+    images: RowImages | None = None,
 ) -> PackedFiles | None:
     """Pack the small or mostly deleted files of `partitions` in the table at `table_root`,
-    as of `snapshot`; None when another writer committed the next version first."""
+    as of `snapshot`; None when another writer committed the next version first.
+
+    With `images`, files are read from their row images where they have one, the packed files
+    get theirs, and the removed files' images go once the entry landed."""
     column = layout.partition_column
     wanted = {str(p) for p in partitions}
     by_partition: dict[str, list[DataFile]] = {}
@@ -111,12 +116,12 @@ def pack_partitions(
         return PackedFiles(None)
     packed.sort(key=lambda partition: partition[0])
     removed = [data_file for _, files in packed for data_file in files]
-    new_files = PartitionFiles(table_root, layout, file_bytes, row_group_bytes)
+    new_files = PartitionFiles(table_root, layout, file_bytes, row_group_bytes, images)
     written: list[str] = []
     log_file = os.path.join(table_root, "_delta_log", f"{snapshot.version + 1:020d}.json")
     try:
         for data_file in removed:
-            for batch in _live_batches(table_root, data_file, read_batch_bytes):
+            for batch in _live_batches(table_root, data_file, read_batch_bytes, images):
                 new_files.write(batch)
         adds = new_files.close()
         written = [os.path.join(table_root, add.path) for add in adds]
@@ -142,8 +147,10 @@ def pack_partitions(
             remove_files(written)
         raise
     if not landed:
-        remove_files(written)
+        new_files.discard()
         return None
+    if images is not None:
+        images.drop(data_file.path for data_file in removed)
     return PackedFiles(snapshot.version + 1, len(removed), len(adds), purged)
 
 
@@ -158,15 +165,14 @@ def _names_any(log_file: str, paths: Sequence[str]) -> bool:
 
 
 def _live_batches(
-    table_root: str, data_file: DataFile, batch_bytes: int
+    table_root: str, data_file: DataFile, batch_bytes: int, images: RowImages | None = None
 ) -> Iterator[pa.RecordBatch]:
-    """The file's rows its deletion vector does not hide, about `batch_bytes` at a time,
-    typed as the writer types data rows."""
+    """The file's rows its deletion vector does not hide, about `batch_bytes` at a time
+    (a record batch of its image at a time), typed as the writer types data rows."""
     hidden = np.empty(0, np.int64)
     if data_file.deletion_vector is not None:
         hidden = position_array(read_positions(table_root, data_file.deletion_vector))
-    parquet = pq.ParquetFile(data_file.local_path(table_root))
-    for part in read_parts(parquet, DATA_COLUMNS, batch_bytes):
+    for part in _parts(table_root, data_file, batch_bytes, images):
         rows = part.rows.cast(ARROW_DATA_SCHEMA)
         low, high = np.searchsorted(hidden, [part.first_row, part.end_row])
         if high > low:
@@ -174,6 +180,22 @@ def _live_batches(
             keep[hidden[low:high] - part.first_row] = False
             rows = rows.filter(pa.array(keep))
         yield from rows.to_batches()
+
+
+def _parts(
+    table_root: str, data_file: DataFile, batch_bytes: int, images: RowImages | None
+) -> Iterator[FilePart]:
+    parquet = pq.ParquetFile(data_file.local_path(table_root))
+    image = None
+    if images is not None:
+        image = images.read(data_file.path, parquet.metadata.num_rows)
+    if image is None:
+        yield from read_parts(parquet, DATA_COLUMNS, batch_bytes)
+        return
+    first = 0
+    for batch in image.select(list(DATA_COLUMNS)).to_batches():
+        yield FilePart(first, pa.Table.from_batches([batch]))
+        first += batch.num_rows
 
 
 def _commit_info(

@@ -36,6 +36,7 @@ from replicator.delta.bin_packing import COMPACTION_METADATA, pack_partitions
 from replicator.delta.conflicts import is_concurrent_modification
 from replicator.delta.log_snapshot import LogSnapshot, LogSnapshotError, read_snapshot
 from replicator.delta.paths import local_path, on_local_filesystem
+from replicator.delta.row_images import RowImages
 from replicator.delta.table import (
     MirrorTable,
     checkpoint_if_due,
@@ -134,6 +135,8 @@ class Compactor:
         vbuckets: Iterable[int],
         policy: CompactionPolicy | None = None,
         writer: str = "arrow",
+        *,
+        row_images: bool = True,
     ) -> None:
         if writer not in COMPACTION_WRITERS:
             raise ValueError(f"writer must be one of {COMPACTION_WRITERS}, not {writer!r}")
@@ -153,6 +156,10 @@ class Compactor:
             if refusal is not None:
                 log.info("compactions are run by Spark's OPTIMIZE: %s", refusal)
                 self.writer = "spark"
+        self._images = None
+        if self.writer == "arrow" and row_images:
+            # The steady writer's images (`row_images`): read instead of decoding Parquet.
+            self._images = RowImages(local_path(mirror.layout.data))
         self.compactions = 0
         self.full_compactions = 0
 
@@ -278,7 +285,7 @@ class Compactor:
         packed = pack_partitions(
             local_path(self.mirror.layout.data), self.mirror.data_layout, self._newest_log(),
             self.partitions, min_file_bytes=min_file_bytes,
-            max_deleted_share=self.policy.max_deleted_share,
+            max_deleted_share=self.policy.max_deleted_share, images=self._images,
         )  # fmt: skip
         if packed is None:
             log.info("compaction gave way to a concurrent commit")

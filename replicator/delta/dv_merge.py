@@ -30,7 +30,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -55,9 +55,13 @@ from replicator.delta.key_index import KEY_COLUMNS, KeyIndex
 from replicator.delta.log_entry import publish_entry, remove_files
 from replicator.delta.log_snapshot import LogSnapshot, carries_txn, read_snapshot
 from replicator.delta.paths import local_path
+from replicator.delta.row_images import ImageWriter, RowImages, take_rows
 from replicator.delta.schema import DATA_COLUMNS, DataLayout
 from replicator.planning.planner import VbucketCommit, deduplicate_changes
 from replicator.staging.rows import CHANGE_SCHEMA, DELETE, UPSERT
+
+if TYPE_CHECKING:
+    from replicator.delta.writer_process import WriterProcess
 
 _log = logging.getLogger(__name__)
 
@@ -93,6 +97,7 @@ class DeletionVectorMerger:
         file_bytes: int = FILE_BYTES,
         row_group_bytes: int = ROW_GROUP_BYTES,
         read_batch_bytes: int = READ_BATCH_BYTES,
+        row_images: bool = True,
     ) -> None:
         if layout.group_width is None:
             raise ValueError("deletion-vector commits need the grouped layout")
@@ -103,6 +108,9 @@ class DeletionVectorMerger:
         self.row_group_bytes = row_group_bytes
         self.read_batch_bytes = read_batch_bytes
         self.index = KeyIndex(self.root)
+        self.images = RowImages(self.root) if row_images else None
+        """Where preimages are taken from by position (`row_images`); None: from Parquet."""
+        self._swept = False
         self._snapshot: LogSnapshot | None = None
         self.last_rows: MergedRows | None = None
         self.conflicts = 0
@@ -116,7 +124,12 @@ class DeletionVectorMerger:
             snapshot = self._snapshot = read_snapshot(self.root, since=self._snapshot)
             if snapshot.txn_versions.get(app_id, -1) >= metadata.txn_version:
                 return None
-            self.index.refresh(snapshot)
+            gone = self.index.refresh(snapshot)
+            if self.images is not None:
+                self.images.drop(gone)
+                if not self._swept:  # images a crash left behind
+                    self.images.sweep(path for path, _ in snapshot.files)
+                    self._swept = True
             written: list[str] = []
             version = snapshot.version + 1
             log_file = os.path.join(self.root, "_delta_log", f"{version:020d}.json")
@@ -138,6 +151,12 @@ class DeletionVectorMerger:
                 self.conflicts += 1
                 continue
             self.last_rows = rows
+            if self.images is not None:  # the images of files whose every row went
+                added = {action["add"]["path"] for action in actions if "add" in action}
+                self.images.drop(
+                    action["remove"]["path"] for action in actions
+                    if "remove" in action and action["remove"]["path"] not in added
+                )  # fmt: skip
             live = len(snapshot.files) + sum(1 for a in actions if "add" in a) - sum(
                 1 for a in actions if "remove" in a
             )
@@ -189,7 +208,9 @@ class DeletionVectorMerger:
             }})  # fmt: skip
         # The new rows' files.
         upserts = changes.filter(upsert_mask)
-        new_files = PartitionFiles(self.root, self.layout, self.file_bytes, self.row_group_bytes)
+        new_files = PartitionFiles(
+            self.root, self.layout, self.file_bytes, self.row_group_bytes, self.images
+        )
         try:
             ordered = upserts.select(list(DATA_COLUMNS)).cast(ARROW_DATA_SCHEMA)
             for batch in ordered.sort_by("vbucket").to_batches():
@@ -222,13 +243,33 @@ class DeletionVectorMerger:
         types = pc.if_else(pc.equal(located["op"], UPSERT), "update_preimage", "delete")
         parts = []
         for number, start, length in touched:
-            path = self.index.data_file(number).local_path(self.root)
             positions = located["position"].slice(start, length).to_numpy()
-            replaced = rows_at(path, positions, self.read_batch_bytes)
+            replaced = self._rows_at(number, positions)
             parts.append(
                 replaced.append_column(CHANGE_TYPE, types.slice(start, length)).cast(FEED_SCHEMA)
             )
         return pa.concat_tables(parts) if parts else FEED_SCHEMA.empty_table()
+
+    def _rows_at(self, number: int, positions: np.ndarray) -> pa.Table:
+        """The data columns of file `number`'s rows at ascending `positions`: from its row
+        image, or read from Parquet (which then writes the image, for the next batches)."""
+        data_file = self.index.data_file(number)
+        path = data_file.local_path(self.root)
+        if self.images is None:
+            return rows_at(path, positions, self.read_batch_bytes)
+        image = self.images.read(data_file.path, self.index.file_rows(number))
+        if image is not None:
+            return take_rows(image, positions).select(list(DATA_COLUMNS))
+        writer = self.images.writer(data_file.path)
+        try:
+            rows = rows_at(path, positions, self.read_batch_bytes, image=writer)
+            if writer is not None:
+                writer.publish()
+        except BaseException:
+            if writer is not None:
+                writer.discard()
+            raise
+        return rows
 
     def _change_files(self, feed: pa.Table, written: list[str], now: int) -> list[dict[str, Any]]:
         column = self.layout.partition_column
@@ -274,10 +315,13 @@ class DeletionVectorMerger:
         }
 
 
-def deletion_vector_merger_for(path: str, layout: DataLayout) -> DeletionVectorMerger | None:
+def deletion_vector_merger_for(
+    path: str, layout: DataLayout, *, row_images: bool = True, in_child_process: bool = False
+) -> DeletionVectorMerger | WriterProcess | None:
     """The writer of steady batches to the data table at `path`, or None (logged) when Spark
     must MERGE them: the table is not local, has writer features not tested here, has no
-    change data feed, or uses the per-vbucket layout."""
+    change data feed, or uses the per-vbucket layout. With `row_images` it keeps them; with
+    `in_child_process` it runs in a process of its own (`writer_process`)."""
     refusal = grouped_write_refusal(path, layout)
     if refusal is None:
         from deltalake import DeltaTable
@@ -288,8 +332,13 @@ def deletion_vector_merger_for(path: str, layout: DataLayout) -> DeletionVectorM
     if refusal is not None:
         _log.info("steady batches are MERGEd by Spark: %s", refusal)
         return None
-    _log.info("steady batches are committed as deletion vectors and new files")
-    return DeletionVectorMerger(path, layout)
+    _log.info("steady batches are committed as deletion vectors and new files%s",
+              " (in a process of its own)" if in_child_process else "")  # fmt: skip
+    if in_child_process:
+        from replicator.delta.writer_process import WriterProcess
+
+        return WriterProcess(path, layout, row_images=row_images)
+    return DeletionVectorMerger(path, layout, row_images=row_images)
 
 
 def dv_mergeable(commits: Sequence[VbucketCommit]) -> bool:
@@ -314,24 +363,35 @@ def steady_changes(commits: Sequence[VbucketCommit]) -> pa.Table:
     return concat_changes([deduplicated, concat_changes(unique).combine_chunks()])
 
 
-def rows_at(path: str, positions: np.ndarray, batch_bytes: int = READ_BATCH_BYTES) -> pa.Table:
+def rows_at(
+    path: str,
+    positions: np.ndarray,
+    batch_bytes: int = READ_BATCH_BYTES,
+    *,
+    image: ImageWriter | None = None,
+) -> pa.Table:
     """The data columns of the rows at ascending `positions` of the Parquet file at `path`.
 
     Only the row groups holding one of them are read, about `batch_bytes` at a time: a
     compacted file holds a whole partition (64 MB of documents on the 1M mirror, more as the
-    table grows), and reading it whole held it all in memory to take a few of its rows.
+    table grows), and reading it whole held it all in memory to take a few of its rows. With
+    `image`, every row group is read and written to it (the caller publishes it).
     """
     parquet = pq.ParquetFile(path)
     columns = list(DATA_COLUMNS)
-    if not len(positions):
+    if not len(positions) and image is None:
         return parquet.schema_arrow.empty_table().select(columns)
     starts = group_starts(parquet)
-    if positions[-1] >= starts[-1]:
+    if len(positions) and positions[-1] >= starts[-1]:
         raise ValueError(f"{path} has {starts[-1]} rows; position {positions[-1]} is not one")
-    groups = np.unique(np.searchsorted(starts, positions, side="right") - 1).tolist()
-    parts = []
+    groups = None
+    if image is None:
+        groups = np.unique(np.searchsorted(starts, positions, side="right") - 1).tolist()
+    parts = [parquet.schema_arrow.empty_table().select(columns)]
     taken = 0
     for part in read_parts(parquet, columns, batch_bytes, groups):
+        if image is not None:
+            image.write(part.rows)
         upto = int(np.searchsorted(positions, part.end_row, side="left"))
         if upto > taken:  # a batch of a large row group may hold none of them
             parts.append(part.rows.take(positions[taken:upto] - part.first_row))

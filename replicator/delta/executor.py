@@ -81,6 +81,7 @@ from replicator.delta.table import (
     only_created,
     reset_last_commit_version,
 )
+from replicator.delta.writer_process import WriterProcess
 from replicator.errors import OwnershipConflict, ReplicatorError
 from replicator.model.aliases import FaultHook
 from replicator.model.positions import VbucketPosition
@@ -174,6 +175,8 @@ class CommitExecutor:
         history: HistoryTable | None = None,
         first_load_writer: str = "auto",
         steady_writer: str = "deletion-vectors",
+        row_images: bool = True,
+        writer_process: bool = False,
     ) -> None:
         if checkpoint_every < 1:
             raise ValueError(f"checkpoint_every must be at least 1, got {checkpoint_every}")
@@ -198,7 +201,9 @@ class CommitExecutor:
         self._appender: ArrowAppender | None = None
         self._appender_decided = False
         self.steady_writer = steady_writer
-        self._merger: DeletionVectorMerger | None = None
+        self.row_images = row_images
+        self.writer_process = writer_process
+        self._merger: DeletionVectorMerger | WriterProcess | None = None
         self._empty_vbuckets: set[int] | None = None
         """Claimed vbuckets known to hold no rows (None until a first load asks): only this
         owner writes them, and every write of ours takes its vbuckets out."""
@@ -360,14 +365,21 @@ class CommitExecutor:
         self._merge_source(source, [c.vbucket for c in commits], metadata)
         return None
 
-    def _deletion_vector_merger(self) -> DeletionVectorMerger | None:
+    def close(self) -> None:
+        """End the steady writer's child process, if it has one (between commits)."""
+        merger, self._merger = self._merger, None
+        if isinstance(merger, WriterProcess):
+            merger.close()
+
+    def _deletion_vector_merger(self) -> DeletionVectorMerger | WriterProcess | None:
         """The writer of steady batches as deletion vectors, or None when Spark MERGEs them
         (decided once, at the first steady batch)."""
         if self.steady_writer == "spark":
             return None
         if self._merger is None:
             self._merger = deletion_vector_merger_for(
-                self.mirror.layout.data, self.mirror.data_layout
+                self.mirror.layout.data, self.mirror.data_layout, row_images=self.row_images,
+                in_child_process=self.writer_process,
             )
             if self._merger is None:
                 self.steady_writer = "spark"

@@ -241,12 +241,15 @@ def run_replication(
         executor = CommitExecutor(
             mirror, claim, owners, fault_hook=fault_hook, checkpoint_every=CHECKPOINT_EVERY,
             history=history, first_load_writer=config.first_load_writer,
-            steady_writer=config.steady_writer,
+            steady_writer=config.steady_writer, row_images=config.row_images,
+            writer_process=config.writer_process,
         )
+        cleanup.callback(executor.close)
         store = DeltaMirrorStore(
             executor, owners, claim, compactor=Compactor(
                 mirror, claim.vbuckets,
                 writer="spark" if config.steady_writer == "spark" else "arrow",
+                row_images=config.row_images,
             ),
             pruner=MetadataPruner(mirror, claim.vbuckets),
         )

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import pyarrow.parquet as pq
 import pytest
 from chispa import assert_df_equality
 
@@ -17,6 +18,7 @@ from replicator.delta.deletion_vectors import DeletionVectorDescriptor
 from replicator.delta.executor import CommitExecutor
 from replicator.delta.log_snapshot import DataFile, read_snapshot
 from replicator.delta.ownership import OwnersTable
+from replicator.delta.row_images import RowImages
 from replicator.delta.schema import MirrorConfig
 from replicator.delta.table import open_or_create
 from tests.delta.helpers import batch, delete, documents, upsert, vbucket_commit
@@ -164,4 +166,41 @@ def test_a_failure_after_the_entry_landed_keeps_its_files(
     assert after.version == snapshot.version + 1
     assert all(os.path.exists(f.local_path(str(tmp_path / "m"))) for f in after.files.values())
     assert_df_equality(mirror.read(), expected, ignore_row_order=True)
+    owners.release(claim)
+
+
+@pytest.mark.spark
+def test_a_compaction_reads_row_images_writes_the_packed_files_and_drops_the_removed(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    mirror, owners, claim = _changed_mirror(spark, tmp_path / "m")
+    root = str(tmp_path / "m")
+    expected = spark.createDataFrame(mirror.read().collect(), mirror.read().schema)
+    before = read_snapshot(root)
+    images = RowImages(root)
+    partition_0 = [f for f in before.files.values() if f.partition_values["vbucket_group"] == "0"]
+    for data_file in partition_0:  # as the steady writer leaves them
+        writer = images.writer(data_file.path)
+        assert writer is not None
+        writer.write(pq.read_table(data_file.local_path(root)))
+        writer.publish()
+
+    def no_parquet(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("a file with an image was decoded from Parquet")
+
+    monkeypatch.setattr(bin_packing, "read_parts", no_parquet)
+    packed = pack_partitions(
+        root, mirror.data_layout, before, [0], min_file_bytes=1024 * 1024 * 1024,
+        max_deleted_share=0.3, images=images,
+    )  # fmt: skip
+
+    assert packed is not None and (packed.removed, packed.added) == (3, 1)
+    assert_df_equality(mirror.read(), expected, ignore_row_order=True)
+    [packed_file] = [
+        f for f in read_snapshot(root).files.values() if f.partition_values["vbucket_group"] == "0"
+    ]
+    image = images.read(packed_file.path, 2 * (30 + 2 - 2))
+    assert image is not None
+    assert image.equals(pq.read_table(packed_file.local_path(root)))
+    assert all(images.read(f.path, f.num_records or 0) is None for f in partition_0)
     owners.release(claim)

@@ -10,6 +10,7 @@ import shutil
 import threading
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import numpy as np
 import pyarrow as pa
@@ -449,3 +450,117 @@ def test_rows_at_positions_are_read_from_only_the_row_groups_that_hold_them(
     assert rows_at(path, np.array([], dtype=np.int64), batch_bytes).num_rows == 0
     with pytest.raises(ValueError, match="has 50 rows; position 50 is not one"):
         rows_at(path, np.array([3, 50], dtype=np.int64), batch_bytes)
+
+
+def test_preimages_taken_from_row_images_read_as_spark_s_merge(
+    spark: Any, tmp_path: Path
+) -> None:
+    by_spark = _loaded(spark, tmp_path / "spark")
+    shutil.copytree(tmp_path / "spark", tmp_path / "dv")
+    by_hand = open_or_create(spark, str(tmp_path / "dv"), MirrorConfig("dv", num_vbuckets=128))
+    owners = OwnersTable.of(by_spark)
+    claim = owners.claim(VBUCKETS)
+    spark_executor = CommitExecutor(by_spark, claim, owners, steady_writer="spark")
+    merger = DeletionVectorMerger(str(tmp_path / "dv"), by_hand.data_layout)
+    assert merger.images is not None
+    # The second batch replaces rows the first one wrote (new files, their images written with
+    # them) and rows of files the first one read back (their images written as they were read).
+    later = [
+        vbucket_commit(vb, [upsert(vb, "k1", 50), upsert(vb, f"new{vb}", 51),
+                            delete(vb, "k7", 52), upsert(vb, "k3", 53, doc='{"v":"again"}')],
+                       seqno=53, first_load=False, previous_seqno=49)
+        for vb in VBUCKETS
+    ]  # fmt: skip
+
+    def feed(mirror: Any, version: int) -> Any:
+        return (
+            spark.read.format("delta").option("readChangeFeed", "true")
+            .option("startingVersion", version).option("endingVersion", version)
+            .load(mirror.layout.data).drop("_commit_version", "_commit_timestamp")
+        )  # fmt: skip
+
+    misses = []
+    for batch_id, commits in ((3, _steady_batch()), (4, later)):
+        spark_executor.execute(batch(batch_id, *commits))
+        metadata = CommitMetadata(
+            kind=COMMIT, batch_id=batch_id, part=1, owner_id=claim.owner_id,
+            strategy=WriteStrategy.MERGE.value, positions={c.vbucket: c.position for c in commits},
+        )  # fmt: skip
+        landed = merger.merge(_changes(commits), metadata)
+        assert landed is not None
+        spark_version = by_spark.delta().history(1).collect()[0]["version"]
+        assert_df_equality(
+            feed(by_hand, landed.version), feed(by_spark, spark_version), ignore_row_order=True
+        )
+        misses.append(merger.images.misses)
+
+    assert misses[0] > 0 and misses[1] == misses[0]  # the second batch read no Parquet back
+    assert merger.images.hits > 0
+    assert_df_equality(by_hand.read(), by_spark.read(), ignore_row_order=True)
+    # Every live file the writer wrote or read back has its image, and no other image is left.
+    snapshot = read_snapshot(str(tmp_path / "dv"))
+    imaged = {
+        os.path.relpath(os.path.join(folder, name), merger.images.directory)
+        for folder, _, names in os.walk(merger.images.directory) for name in names
+    }  # fmt: skip
+    live = {f"{unquote(path)}.arrow" for path, _ in snapshot.files}
+    assert imaged and imaged <= live
+    owners.release(claim)
+
+
+def test_without_row_images_preimages_are_read_from_parquet_and_none_are_written(
+    spark: Any, tmp_path: Path
+) -> None:
+    mirror, owners, claim = _claimed(spark, tmp_path / "t")
+    merger = DeletionVectorMerger(str(tmp_path / "t"), mirror.data_layout, row_images=False)
+    commits = _steady_batch()
+    metadata = CommitMetadata(
+        kind=COMMIT, batch_id=3, part=1, owner_id=claim.owner_id, strategy="merge",
+        positions={c.vbucket: c.position for c in commits},
+    )  # fmt: skip
+
+    assert merger.merge(_changes(commits), metadata) is not None
+
+    assert merger.images is None
+    assert not (tmp_path / "t" / "_replicator" / "row_images").exists()
+    owners.release(claim)
+
+
+def test_a_writer_in_a_child_process_commits_what_the_writer_in_this_one_does(
+    spark: Any, tmp_path: Path
+) -> None:
+    here = _loaded(spark, tmp_path / "here")
+    shutil.copytree(tmp_path / "here", tmp_path / "child")
+    child = open_or_create(spark, str(tmp_path / "child"), MirrorConfig("dv", num_vbuckets=128))
+    results = {}
+    for name, mirror, in_child in (("here", here, False), ("child", child, True)):
+        owners = OwnersTable.of(mirror)
+        claim = owners.claim(VBUCKETS)
+        executor = CommitExecutor(mirror, claim, owners, writer_process=in_child)
+        try:
+            [commit] = executor.execute(batch(3, *_steady_batch())).commits
+            # The same txn again commits nothing: the child read it from the table.
+            [again] = executor.execute(batch(3, *_steady_batch())).commits
+            assert again.table_version == commit.table_version
+        finally:
+            executor.close()
+        owners.release(claim)
+        assert _last_engine(mirror).startswith("replicator")
+        results[name] = commit
+
+    assert results["here"].table_version == results["child"].table_version
+    assert results["here"].table_files == results["child"].table_files
+    assert_df_equality(child.read(), here.read(), ignore_row_order=True)
+    version = results["here"].table_version
+
+    def feed(mirror: Any) -> Any:
+        return (
+            spark.read.format("delta").option("readChangeFeed", "true")
+            .option("startingVersion", version).option("endingVersion", version)
+            .load(mirror.layout.data).drop("_commit_timestamp")
+        )  # fmt: skip
+
+    assert_df_equality(feed(child), feed(here), ignore_row_order=True)
+    [entry] = child.delta().history(1).collect()
+    [expected] = here.delta().history(1).collect()
+    assert entry["operationMetrics"] == expected["operationMetrics"]
