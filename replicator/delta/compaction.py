@@ -27,12 +27,12 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from replicator.delta.arrow_append import grouped_write_refusal
-from replicator.delta.bin_packing import COMPACTION_METADATA, pack_partitions
+from replicator.delta.bin_packing import COMPACTION_METADATA, PackedFiles, pack_partitions
 from replicator.delta.conflicts import is_concurrent_modification
 from replicator.delta.log_snapshot import LogSnapshot, LogSnapshotError, read_snapshot
 from replicator.delta.paths import local_path, on_local_filesystem
@@ -116,6 +116,14 @@ def compacted_partitions(layout: DataLayout, vbuckets: Iterable[int]) -> list[in
     return [g for g in layout.groups(owned) if g * layout.group_width in owned]
 
 
+class Packer(Protocol):
+    """Who writes a compaction from Arrow for the compactor (the steady writer)."""
+
+    def pack(
+        self, partitions: Sequence[int], *, min_file_bytes: int, max_deleted_share: float
+    ) -> PackedFiles | None: ...
+
+
 @dataclass(frozen=True, slots=True)
 class CompactionOutcome:
     """One compaction: table files before and after, whether it was full, how long it took."""
@@ -137,6 +145,7 @@ class Compactor:
         writer: str = "arrow",
         *,
         row_images: bool = True,
+        packer: Callable[[], Packer | None] | None = None,
     ) -> None:
         if writer not in COMPACTION_WRITERS:
             raise ValueError(f"writer must be one of {COMPACTION_WRITERS}, not {writer!r}")
@@ -156,6 +165,7 @@ class Compactor:
             if refusal is not None:
                 log.info("compactions are run by Spark's OPTIMIZE: %s", refusal)
                 self.writer = "spark"
+        self._packer = packer
         self._images = None
         if self.writer == "arrow" and row_images:
             # The steady writer's images (`row_images`): read instead of decoding Parquet.
@@ -281,12 +291,20 @@ class Compactor:
         return True
 
     def _pack(self, min_file_bytes: int) -> bool:
-        """`_optimize` written from Arrow (`bin_packing`)."""
-        packed = pack_partitions(
-            local_path(self.mirror.layout.data), self.mirror.data_layout, self._newest_log(),
-            self.partitions, min_file_bytes=min_file_bytes,
-            max_deleted_share=self.policy.max_deleted_share, images=self._images,
-        )  # fmt: skip
+        """`_optimize` written from Arrow (`bin_packing`): by the steady writer where it has
+        one (in its own process), else here."""
+        packer = self._packer() if self._packer is not None else None
+        if packer is not None:
+            packed = packer.pack(
+                self.partitions, min_file_bytes=min_file_bytes,
+                max_deleted_share=self.policy.max_deleted_share,
+            )  # fmt: skip
+        else:
+            packed = pack_partitions(
+                local_path(self.mirror.layout.data), self.mirror.data_layout,
+                self._newest_log(), self.partitions, min_file_bytes=min_file_bytes,
+                max_deleted_share=self.policy.max_deleted_share, images=self._images,
+            )  # fmt: skip
         if packed is None:
             log.info("compaction gave way to a concurrent commit")
             return False

@@ -46,6 +46,7 @@ from replicator.delta.arrow_append import (
     PartitionFiles,
     grouped_write_refusal,
 )
+from replicator.delta.bin_packing import PackedFiles, pack_partitions
 from replicator.delta.changes import concat_changes
 from replicator.delta.commit_metadata import CommitMetadata, txn_app_id
 from replicator.delta.conflicts import MergeConflict
@@ -169,6 +170,17 @@ class DeletionVectorMerger:
             f"other writers took {ATTEMPTS} versions in a row of {self.path}; "
             f"txn {metadata.txn_version} of {app_id} was not committed"
         )
+
+    def pack(
+        self, partitions: Sequence[int], *, min_file_bytes: int, max_deleted_share: float
+    ) -> PackedFiles | None:
+        """Compact `partitions` of the newest table (`bin_packing.pack_partitions`, reading and
+        writing row images with this writer's); None when another writer committed first."""
+        snapshot = self._snapshot = read_snapshot(self.root, since=self._snapshot)
+        return pack_partitions(
+            self.root, self.layout, snapshot, partitions, min_file_bytes=min_file_bytes,
+            max_deleted_share=max_deleted_share, images=self.images,
+        )  # fmt: skip
 
     # -- one plan -------------------------------------------------------------------------
 

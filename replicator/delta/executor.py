@@ -365,6 +365,11 @@ class CommitExecutor:
         self._merge_source(source, [c.vbucket for c in commits], metadata)
         return None
 
+    def steady_writer_if_decided(self) -> DeletionVectorMerger | WriterProcess | None:
+        """The replicator's own steady writer once a steady batch has chosen it (None before,
+        or when Spark MERGEs): compactions go through it, in its process."""
+        return self._merger
+
     def close(self) -> None:
         """End the steady writer's child process, if it has one (between commits)."""
         merger, self._merger = self._merger, None

@@ -8,8 +8,9 @@ the 1,000,000-document steady table, 50,000 changes a commit: 0.55 s alone, 6 to
 thread that runs Python (README, "The steady writer in a process of its own"). In a process of
 its own the writer has an interpreter to itself.
 
-`WriterProcess` has the `DeletionVectorMerger`'s surface (`merge`, `conflicts`, `last_rows`);
-the child holds the merger itself (its key index and row images). A batch's rows go to the child
+`WriterProcess` has the `DeletionVectorMerger`'s surface (`merge`, `pack`, `conflicts`,
+`last_rows`): the child holds the merger itself (its key index and row images) and compacts
+too, between commits, as the commit thread asks. A batch's rows go to the child
 as an Arrow IPC file that it memory-maps; what landed comes back over a socket pair. The child:
 - ignores SIGINT and SIGTERM: the parent finishes the commit in flight when asked to stop, then
   closes the socket, and the child exits;
@@ -42,7 +43,10 @@ import pyarrow as pa
 from replicator.delta.conflicts import MergeConflict
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from replicator.delta.arrow_append import AppendedCommit
+    from replicator.delta.bin_packing import PackedFiles
     from replicator.delta.commit_metadata import CommitMetadata
     from replicator.delta.dv_merge import MergedRows
     from replicator.delta.schema import DataLayout
@@ -88,6 +92,13 @@ class WriterProcess:
                 os.remove(transfer)
         self.last_rows, self.conflicts = rows, conflicts
         return landed  # type: ignore[no-any-return]
+
+    def pack(
+        self, partitions: Sequence[int], *, min_file_bytes: int, max_deleted_share: float
+    ) -> PackedFiles | None:
+        """`DeletionVectorMerger.pack` in the child."""
+        packed = self._call("pack", list(partitions), min_file_bytes, max_deleted_share)
+        return packed  # type: ignore[no-any-return]
 
     def close(self) -> None:
         """End the child (it finishes nothing: call between commits)."""
@@ -190,14 +201,21 @@ def _serve(connection: Connection) -> None:
         except EOFError:
             return
         try:
-            if kind != "merge":
+            reply: tuple[str, Any]
+            if kind == "merge":
+                transfer, metadata = arguments
+                with pa.memory_map(transfer, "r") as source:
+                    changes = pa.ipc.open_file(source).read_all()
+                landed = merger.merge(changes, metadata)
+                del changes
+                reply = ("ok", (landed, merger.last_rows, merger.conflicts))
+            elif kind == "pack":
+                partitions, min_file_bytes, max_deleted_share = arguments
+                packed = merger.pack(partitions, min_file_bytes=min_file_bytes,
+                                     max_deleted_share=max_deleted_share)  # fmt: skip
+                reply = ("ok", packed)
+            else:
                 raise ValueError(f"unknown request {kind!r}")
-            transfer, metadata = arguments
-            with pa.memory_map(transfer, "r") as source:
-                changes = pa.ipc.open_file(source).read_all()
-            landed = merger.merge(changes, metadata)
-            del changes
-            reply: tuple[str, Any] = ("ok", (landed, merger.last_rows, merger.conflicts))
         except Exception as exc:  # told to the parent, which raises it in the commit thread
             reply = ("error", (type(exc).__name__, str(exc), traceback.format_exc()))
         connection.send(reply)

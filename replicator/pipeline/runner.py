@@ -249,7 +249,7 @@ def run_replication(
             executor, owners, claim, compactor=Compactor(
                 mirror, claim.vbuckets,
                 writer="spark" if config.steady_writer == "spark" else "arrow",
-                row_images=config.row_images,
+                row_images=config.row_images, packer=executor.steady_writer_if_decided,
             ),
             pruner=MetadataPruner(mirror, claim.vbuckets),
         )

@@ -564,3 +564,33 @@ def test_a_writer_in_a_child_process_commits_what_the_writer_in_this_one_does(
     [entry] = child.delta().history(1).collect()
     [expected] = here.delta().history(1).collect()
     assert entry["operationMetrics"] == expected["operationMetrics"]
+
+
+def test_a_compaction_through_the_writer_s_child_process_keeps_every_row(
+    spark: Any, tmp_path: Path
+) -> None:
+    mirror, owners, claim = _claimed(spark, tmp_path / "t")
+    executor = CommitExecutor(mirror, claim, owners, writer_process=True)
+    try:
+        executor.execute(batch(3, *_steady_batch()))
+        writer = executor.steady_writer_if_decided()
+        assert writer is not None and not isinstance(writer, DeletionVectorMerger)
+        expected = spark.createDataFrame(mirror.read().collect(), mirror.read().schema)
+        before = read_snapshot(str(tmp_path / "t"))
+
+        packed = writer.pack([0], min_file_bytes=1024**3, max_deleted_share=0.3)
+
+        assert packed is not None and packed.version == before.version + 1
+        after = read_snapshot(str(tmp_path / "t"))
+        in_0 = [f for f in after.files.values() if f.partition_values["vbucket_group"] == "0"]
+        assert len(in_0) == 1 and in_0[0].deletion_vector is None
+        assert_df_equality(mirror.read(), expected, ignore_row_order=True)
+        # The next batch, through the same child, builds on the packed file.
+        later = vbucket_commit(0, [upsert(0, "k9", 60)], seqno=60, first_load=False,
+                               previous_seqno=49)  # fmt: skip
+        executor.execute(batch(4, later))
+        rows = {(r["vbucket"], r["key"]): r["seqno"] for r in mirror.read().collect()}
+        assert rows[(0, "k9")] == 60 and len(rows) == expected.count()
+    finally:
+        executor.close()
+    owners.release(claim)
