@@ -34,12 +34,12 @@ from typing import TYPE_CHECKING, Protocol
 from replicator.delta.arrow_append import grouped_write_refusal
 from replicator.delta.bin_packing import COMPACTION_METADATA, PackedFiles, pack_partitions
 from replicator.delta.conflicts import is_concurrent_modification
+from replicator.delta.log_checkpoints import checkpoint_if_due
 from replicator.delta.log_snapshot import LogSnapshot, LogSnapshotError, read_snapshot
 from replicator.delta.paths import local_path, on_local_filesystem
 from replicator.delta.row_images import RowImages
 from replicator.delta.table import (
     MirrorTable,
-    checkpoint_if_due,
     delta_snapshot,
     delta_write_confs,
     engine_error_summary,

@@ -30,7 +30,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -60,9 +60,6 @@ from replicator.delta.row_images import ImageWriter, RowImages, take_rows
 from replicator.delta.schema import DATA_COLUMNS, DataLayout
 from replicator.planning.planner import VbucketCommit, deduplicate_changes
 from replicator.staging.rows import CHANGE_SCHEMA, DELETE, UPSERT
-
-if TYPE_CHECKING:
-    from replicator.delta.writer_process import WriterProcess
 
 _log = logging.getLogger(__name__)
 
@@ -327,13 +324,10 @@ class DeletionVectorMerger:
         }
 
 
-def deletion_vector_merger_for(
-    path: str, layout: DataLayout, *, row_images: bool = True, in_child_process: bool = False
-) -> DeletionVectorMerger | WriterProcess | None:
-    """The writer of steady batches to the data table at `path`, or None (logged) when Spark
-    must MERGE them: the table is not local, has writer features not tested here, has no
-    change data feed, or uses the per-vbucket layout. With `row_images` it keeps them; with
-    `in_child_process` it runs in a process of its own (`writer_process`)."""
+def dv_merge_refusal(path: str, layout: DataLayout) -> str | None:
+    """Why Spark must MERGE steady batches into the data table at `path` (None: this writer
+    can): the table is not local, has writer features not tested here, has no change data
+    feed, or uses the per-vbucket layout."""
     refusal = grouped_write_refusal(path, layout)
     if refusal is None:
         from deltalake import DeltaTable
@@ -341,16 +335,7 @@ def deletion_vector_merger_for(
         configuration = DeltaTable(path).metadata().configuration
         if configuration.get("delta.enableChangeDataFeed") != "true":
             refusal = "the table has no change data feed"
-    if refusal is not None:
-        _log.info("steady batches are MERGEd by Spark: %s", refusal)
-        return None
-    _log.info("steady batches are committed as deletion vectors and new files%s",
-              " (in a process of its own)" if in_child_process else "")  # fmt: skip
-    if in_child_process:
-        from replicator.delta.writer_process import WriterProcess
-
-        return WriterProcess(path, layout, row_images=row_images)
-    return DeletionVectorMerger(path, layout, row_images=row_images)
+    return refusal
 
 
 def dv_mergeable(commits: Sequence[VbucketCommit]) -> bool:

@@ -61,18 +61,18 @@ from replicator.delta.conflicts import (
 )
 from replicator.delta.dv_merge import (
     DeletionVectorMerger,
-    deletion_vector_merger_for,
+    dv_merge_refusal,
     dv_mergeable,
     steady_changes,
 )
 from replicator.delta.failover_logs import FailoverLogsTable, carried_failover_logs
+from replicator.delta.log_checkpoints import checkpoint_if_due, wait_for_checkpoints
 from replicator.delta.ownership import OwnerClaim, OwnersTable
 from replicator.delta.schema import DATA_COLUMNS
 from replicator.delta.table import (
     SESSION_WRITE_LOCK,
     CommitRecord,
     MirrorTable,
-    checkpoint_if_due,
     delta_snapshot,
     delta_write_confs,
     engine_error_summary,
@@ -371,10 +371,14 @@ class CommitExecutor:
         return self._merger
 
     def close(self) -> None:
-        """End the steady writer's child process, if it has one (between commits)."""
+        """End the steady writer's child process, if it has one, and wait for the Delta
+        checkpoint being written (between commits)."""
         merger, self._merger = self._merger, None
         if isinstance(merger, WriterProcess):
             merger.close()
+        if not wait_for_checkpoints(self.mirror.layout.data):
+            log.warning("the Delta checkpoint of %s is still being written",
+                        self.mirror.layout.data)  # fmt: skip
 
     def _deletion_vector_merger(self) -> DeletionVectorMerger | WriterProcess | None:
         """The writer of steady batches as deletion vectors, or None when Spark MERGEs them
@@ -382,12 +386,18 @@ class CommitExecutor:
         if self.steady_writer == "spark":
             return None
         if self._merger is None:
-            self._merger = deletion_vector_merger_for(
-                self.mirror.layout.data, self.mirror.data_layout, row_images=self.row_images,
-                in_child_process=self.writer_process,
-            )
-            if self._merger is None:
+            path, layout = self.mirror.layout.data, self.mirror.data_layout
+            refusal = dv_merge_refusal(path, layout)
+            if refusal is not None:
+                log.info("steady batches are MERGEd by Spark: %s", refusal)
                 self.steady_writer = "spark"
+                return None
+            log.info("steady batches are committed as deletion vectors and new files%s",
+                     " (in a process of its own)" if self.writer_process else "")  # fmt: skip
+            self._merger = (
+                WriterProcess(path, layout, row_images=self.row_images) if self.writer_process
+                else DeletionVectorMerger(path, layout, row_images=self.row_images)
+            )  # fmt: skip
         return self._merger
 
     def _merge_source(

@@ -506,22 +506,6 @@ def checkpoint_delta_log(spark: SparkSession, path: str) -> None:
     pair._1().checkpoint(pair._2(), jvm.scala.Option.empty())
 
 
-def checkpoint_if_due(spark: SparkSession, path: str, version: int) -> None:
-    """Delta's checkpoint after `version`, committed without Spark, when Spark would have
-    written one (every DELTA_CHECKPOINT_INTERVAL versions): without it, readers replay every
-    JSON entry since Spark's last one. The version has landed: a failure here is logged, and
-    the next interval tries again."""
-    if version % DELTA_CHECKPOINT_INTERVAL:
-        return
-    try:
-        checkpoint_delta_log(spark, path)
-    except Exception as exc:
-        log.warning(
-            "Delta checkpoint after version %d failed (the version stands): %s",
-            version, engine_error_summary(exc),
-        )
-
-
 def table_version(spark: SparkSession, path: str) -> int:
     """The newest version of the Delta table at `path`, -1 when there is none."""
     return int(delta_snapshot(spark, path).version())

@@ -131,8 +131,10 @@ class WriterProcess:
         if self._process is not None and self._process.poll() is None and self._connection:
             return self._connection
         if self._process is not None:
-            _log.warning("the steady writer's process had ended (%s); starting another",
-                         self._process.returncode)  # fmt: skip
+            # Between commits (the thread that started it may have ended, and the child with
+            # it): nothing was in flight, so another one simply takes over.
+            _log.info("the steady writer's process had ended (%s); starting another",
+                      self._process.returncode)  # fmt: skip
             self._stop()
         ours, theirs = socket.socketpair()
         try:

@@ -25,6 +25,7 @@ from replicator.delta.deletion_vectors import read_positions
 from replicator.delta.dv_merge import DeletionVectorMerger, rows_at, steady_changes
 from replicator.delta.executor import CommitExecutor, WriteStrategy
 from replicator.delta.file_reads import read_parts
+from replicator.delta.log_checkpoints import wait_for_checkpoints
 from replicator.delta.log_snapshot import read_snapshot
 from replicator.delta.ownership import OwnersTable
 from replicator.delta.schema import DATA_COLUMNS, MirrorConfig
@@ -303,6 +304,8 @@ def test_versions_committed_without_spark_get_delta_s_checkpoints(
         commits = [vbucket_commit(vb, [upsert(vb, "k1", seqno + 1)], seqno=seqno + 1,
                                   first_load=False, previous_seqno=seqno) for vb in VBUCKETS]
         executor.execute(batch(batch_id, *commits))  # fmt: skip
+        # Written on the table's checkpoint thread, while commits may go on.
+        assert wait_for_checkpoints(str(tmp_path / "t"), timeout_s=120)
         seqno, batch_id = seqno + 1, batch_id + 1
         assert batch_id < 30, "no checkpoint after 27 merges"
 

@@ -14,6 +14,7 @@ from delta.tables import DeltaTable
 from replicator.delta.commit_metadata import CommitMetadata
 from replicator.delta.compaction import CompactionPolicy, Compactor
 from replicator.delta.executor import CommitExecutor, WriteStrategy
+from replicator.delta.log_checkpoints import wait_for_checkpoints
 from replicator.delta.ownership import OwnersTable
 from replicator.delta.rollback import plan_rollback, rollback_vbucket
 from replicator.delta.schema import DATA_SCHEMA, DataLayout, MirrorConfig
@@ -320,6 +321,7 @@ def test_compaction_counts_files_from_the_log_as_delta_does_without_a_spark_job(
             counted_alike()
     counted_alike()
     # The commits after a look gone, as log retention removes them: read from the checkpoint.
+    assert wait_for_checkpoints(str(path), timeout_s=120)
     assert (path / "_delta_log" / f"{10:020d}.checkpoint.parquet").exists()
     for version in range(2, 10):
         (path / "_delta_log" / f"{version:020d}.json").unlink()
