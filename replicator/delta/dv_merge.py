@@ -25,9 +25,10 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -56,7 +57,7 @@ from replicator.delta.key_index import KEY_COLUMNS, KeyIndex
 from replicator.delta.log_entry import publish_entry, remove_files
 from replicator.delta.log_snapshot import LogSnapshot, carries_txn, read_snapshot
 from replicator.delta.paths import local_path
-from replicator.delta.row_images import ImageWriter, RowImages, take_rows
+from replicator.delta.row_images import IMAGES_DIRECTORY, ImageWriter, RowImages, take_rows
 from replicator.delta.schema import DATA_COLUMNS, DataLayout
 from replicator.planning.planner import VbucketCommit, deduplicate_changes
 from replicator.staging.rows import CHANGE_SCHEMA, DELETE, UPSERT
@@ -125,9 +126,8 @@ class DeletionVectorMerger:
             gone = self.index.refresh(snapshot)
             if self.images is not None:
                 self.images.drop(gone)
-                if not self._swept:  # images a crash left behind
-                    self.images.sweep(path for path, _ in snapshot.files)
-                    self._swept = True
+            if not self._swept:  # images a crash left behind, or all when turned off
+                self._sweep_images(path for path, _ in snapshot.files)
             written: list[str] = []
             version = snapshot.version + 1
             log_file = os.path.join(self.root, "_delta_log", f"{version:020d}.json")
@@ -167,6 +167,16 @@ class DeletionVectorMerger:
             f"other writers took {ATTEMPTS} versions in a row of {self.path}; "
             f"txn {metadata.txn_version} of {app_id} was not committed"
         )
+
+    def _sweep_images(self, live: Iterable[str]) -> None:
+        self._swept = True
+        if self.images is not None:
+            self.images.sweep(live)
+            return
+        directory = os.path.join(self.root, IMAGES_DIRECTORY)
+        if os.path.isdir(directory):  # kept by an earlier run; nobody would drop them now
+            _log.info("row images are off: removing %s", directory)
+            shutil.rmtree(directory, ignore_errors=True)
 
     def pack(
         self, partitions: Sequence[int], *, min_file_bytes: int, max_deleted_share: float

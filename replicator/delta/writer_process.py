@@ -107,16 +107,27 @@ class WriterProcess:
 
     def _call(self, *request: Any) -> Any:
         with self._lock:
-            connection = self._started()
-            try:
-                connection.send(request)
-                status, payload = connection.recv()
-            except (EOFError, OSError) as exc:
-                self._stop()
-                raise WriterProcessError(
-                    f"the steady writer's process ended during a commit ({exc or 'no answer'}); "
-                    "whether the commit landed is read from the table at the next start"
-                ) from exc
+            for attempt in range(2):
+                connection = self._started()
+                try:
+                    connection.send(request)
+                    status, payload = connection.recv()
+                    break
+                except (BrokenPipeError, ConnectionResetError) as exc:
+                    # The child's end closed with the request unread: it was ending as the
+                    # request came (its threads exiting), and did nothing of it.
+                    self._stop()
+                    if attempt:
+                        raise WriterProcessError(
+                            f"the steady writer's process ended twice as it was asked ({exc})"
+                        ) from exc
+                except (EOFError, OSError) as exc:
+                    self._stop()
+                    raise WriterProcessError(
+                        f"the steady writer's process ended during a commit "
+                        f"({exc or 'no answer'}); whether the commit landed is read from the "
+                        "table at the next start"
+                    ) from exc
         if status == "ok":
             return payload
         kind, message, trace = payload
@@ -128,7 +139,10 @@ class WriterProcess:
         raise error
 
     def _started(self) -> Connection:
-        if self._process is not None and self._process.poll() is None and self._connection:
+        alive = self._process is not None and self._process.poll() is None
+        # Between requests nothing is there to read: a readable socket is the end of a child
+        # that died (it may not be reapable yet, while its threads exit).
+        if alive and self._connection is not None and not self._connection.poll(0):
             return self._connection
         if self._process is not None:
             # Between commits (the thread that started it may have ended, and the child with

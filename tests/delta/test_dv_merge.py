@@ -89,6 +89,23 @@ def _changes(commits: list[VbucketCommit]) -> Any:
     return deduplicate_changes(concat_changes(t for c in commits for t in c.tables))
 
 
+def _two_copies(spark: Any, tmp_path: Path, names: tuple[str, str]) -> tuple[Any, Any]:
+    """The loaded mirror at `tmp_path / names[0]` and a copy of it at `tmp_path / names[1]`."""
+    first = _loaded(spark, tmp_path / names[0])
+    shutil.copytree(tmp_path / names[0], tmp_path / names[1])
+    copy = open_or_create(spark, str(tmp_path / names[1]), MirrorConfig("dv", num_vbuckets=128))
+    return first, copy
+
+
+def _feed(spark: Any, mirror: Any, version: int) -> Any:
+    """The change data feed of one version of `mirror` (its timestamp left out)."""
+    return (
+        spark.read.format("delta").option("readChangeFeed", "true")
+        .option("startingVersion", version).option("endingVersion", version)
+        .load(mirror.layout.data).drop("_commit_version", "_commit_timestamp")
+    )  # fmt: skip
+
+
 def test_a_steady_batch_by_deletion_vectors_equals_spark_s_merge(
     spark: Any, tmp_path: Path
 ) -> None:
@@ -458,9 +475,7 @@ def test_rows_at_positions_are_read_from_only_the_row_groups_that_hold_them(
 def test_preimages_taken_from_row_images_read_as_spark_s_merge(
     spark: Any, tmp_path: Path
 ) -> None:
-    by_spark = _loaded(spark, tmp_path / "spark")
-    shutil.copytree(tmp_path / "spark", tmp_path / "dv")
-    by_hand = open_or_create(spark, str(tmp_path / "dv"), MirrorConfig("dv", num_vbuckets=128))
+    by_spark, by_hand = _two_copies(spark, tmp_path, ("spark", "dv"))
     owners = OwnersTable.of(by_spark)
     claim = owners.claim(VBUCKETS)
     spark_executor = CommitExecutor(by_spark, claim, owners, steady_writer="spark")
@@ -474,14 +489,6 @@ def test_preimages_taken_from_row_images_read_as_spark_s_merge(
                        seqno=53, first_load=False, previous_seqno=49)
         for vb in VBUCKETS
     ]  # fmt: skip
-
-    def feed(mirror: Any, version: int) -> Any:
-        return (
-            spark.read.format("delta").option("readChangeFeed", "true")
-            .option("startingVersion", version).option("endingVersion", version)
-            .load(mirror.layout.data).drop("_commit_version", "_commit_timestamp")
-        )  # fmt: skip
-
     misses = []
     for batch_id, commits in ((3, _steady_batch()), (4, later)):
         spark_executor.execute(batch(batch_id, *commits))
@@ -493,8 +500,9 @@ def test_preimages_taken_from_row_images_read_as_spark_s_merge(
         assert landed is not None
         spark_version = by_spark.delta().history(1).collect()[0]["version"]
         assert_df_equality(
-            feed(by_hand, landed.version), feed(by_spark, spark_version), ignore_row_order=True
-        )
+            _feed(spark, by_hand, landed.version), _feed(spark, by_spark, spark_version),
+            ignore_row_order=True,
+        )  # fmt: skip
         misses.append(merger.images.misses)
 
     assert misses[0] > 0 and misses[1] == misses[0]  # the second batch read no Parquet back
@@ -522,6 +530,11 @@ def test_without_row_images_preimages_are_read_from_parquet_and_none_are_written
         positions={c.vbucket: c.position for c in commits},
     )  # fmt: skip
 
+    # Images an earlier run kept would go stale unseen: they are removed.
+    stale = tmp_path / "t" / "_replicator" / "row_images" / "vbucket_group=0" / "old.arrow"
+    stale.parent.mkdir(parents=True)
+    stale.write_bytes(b"an image of an earlier run")
+
     assert merger.merge(_changes(commits), metadata) is not None
 
     assert merger.images is None
@@ -532,9 +545,7 @@ def test_without_row_images_preimages_are_read_from_parquet_and_none_are_written
 def test_a_writer_in_a_child_process_commits_what_the_writer_in_this_one_does(
     spark: Any, tmp_path: Path
 ) -> None:
-    here = _loaded(spark, tmp_path / "here")
-    shutil.copytree(tmp_path / "here", tmp_path / "child")
-    child = open_or_create(spark, str(tmp_path / "child"), MirrorConfig("dv", num_vbuckets=128))
+    here, child = _two_copies(spark, tmp_path, ("here", "child"))
     results = {}
     for name, mirror, in_child in (("here", here, False), ("child", child, True)):
         owners = OwnersTable.of(mirror)
@@ -555,15 +566,8 @@ def test_a_writer_in_a_child_process_commits_what_the_writer_in_this_one_does(
     assert results["here"].table_files == results["child"].table_files
     assert_df_equality(child.read(), here.read(), ignore_row_order=True)
     version = results["here"].table_version
-
-    def feed(mirror: Any) -> Any:
-        return (
-            spark.read.format("delta").option("readChangeFeed", "true")
-            .option("startingVersion", version).option("endingVersion", version)
-            .load(mirror.layout.data).drop("_commit_timestamp")
-        )  # fmt: skip
-
-    assert_df_equality(feed(child), feed(here), ignore_row_order=True)
+    assert_df_equality(_feed(spark, child, version), _feed(spark, here, version),
+                       ignore_row_order=True)  # fmt: skip
     [entry] = child.delta().history(1).collect()
     [expected] = here.delta().history(1).collect()
     assert entry["operationMetrics"] == expected["operationMetrics"]

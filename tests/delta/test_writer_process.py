@@ -56,8 +56,7 @@ def test_a_child_found_dead_between_commits_is_started_again(tmp_path: Path) -> 
     try:
         first = _child_pid(writer)
         os.kill(first, signal.SIGKILL)
-        assert _gone(first)
-        with pytest.raises(WriterProcessError) as raised:
+        with pytest.raises(WriterProcessError) as raised:  # however far its exit has gone
             writer._call("ping")
         assert "unknown request" in str(raised.value)
         assert writer.starts == 2 and _child_pid(writer) != first
