@@ -239,6 +239,8 @@ class DeletionVectorMerger:
             new_files.discard()
             raise
         written += [os.path.join(self.root, add.path) for add in adds]
+        if self.images is not None:  # removed with their files when the entry does not land
+            written += [path for add in adds if (path := self.images.image_path(add.path))]
         actions += [{"add": {
             "path": add.path, "partitionValues": add.partition_values, "size": add.size,
             "modificationTime": add.modification_time, "dataChange": True, "stats": add.stats,

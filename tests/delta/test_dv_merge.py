@@ -277,6 +277,14 @@ def test_a_version_taken_meanwhile_is_planned_again_and_nothing_is_lost(
     assert len(adds) == 2 and len(adds[landed.version]) == 1
     new_files = {name for name in set(os.listdir(group)) - before if name.endswith(".parquet")}
     assert new_files == set().union(*adds.values())
+    # The first plan's row images went with its files: every image is of a live file.
+    assert merger.images is not None
+    images = {
+        os.path.relpath(os.path.join(folder, name), merger.images.directory)
+        for folder, _, names in os.walk(merger.images.directory) for name in names
+    }  # fmt: skip
+    live = read_snapshot(str(tmp_path / "t")).files
+    assert images and images <= {f"{unquote(path)}.arrow" for path, _ in live}
     owners.release(claim)
 
 
