@@ -124,9 +124,9 @@ class WriterProcess:
                 except (EOFError, OSError) as exc:
                     self._stop()
                     raise WriterProcessError(
-                        f"the steady writer's process ended during a commit "
-                        f"({exc or 'no answer'}); whether the commit landed is read from the "
-                        "table at the next start"
+                        f"the steady writer's process ended during a {request[0]} "
+                        f"({exc or 'no answer'}); whether it landed is read from the table at "
+                        "the next start"
                     ) from exc
         if status == "ok":
             return payload
@@ -150,6 +150,8 @@ class WriterProcess:
             _log.info("the steady writer's process had ended (%s); starting another",
                       self._process.returncode)  # fmt: skip
             self._stop()
+        if not self.starts:
+            remove_stale_transfers()
         ours, theirs = socket.socketpair()
         try:
             self._process = subprocess.Popen(
@@ -187,10 +189,32 @@ class WriterProcess:
                 process.wait()
 
 
+TRANSFER_PREFIX = "replicator-batch-"
+
+
+def _transfer_directory() -> str:
+    return TRANSFER_DIRECTORY if os.access(TRANSFER_DIRECTORY, os.W_OK) else tempfile.gettempdir()
+
+
 def _transfer_path() -> str:
-    directory = TRANSFER_DIRECTORY if os.access(TRANSFER_DIRECTORY, os.W_OK) else None
-    directory = directory or tempfile.gettempdir()
-    return os.path.join(directory, f"replicator-batch-{os.getpid()}-{uuid.uuid4()}.arrow")
+    name = f"{TRANSFER_PREFIX}{os.getpid()}-{uuid.uuid4()}.arrow"
+    return os.path.join(_transfer_directory(), name)
+
+
+def remove_stale_transfers() -> int:
+    """Remove the batch files of runs that are gone (killed between writing one and the child
+    opening it: in /dev/shm they would hold memory until the machine restarts)."""
+    removed = 0
+    directory = _transfer_directory()
+    for name in os.listdir(directory):
+        if not name.startswith(TRANSFER_PREFIX):
+            continue
+        pid = name[len(TRANSFER_PREFIX) :].split("-", 1)[0]
+        if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(os.path.join(directory, name))
+                removed += 1
+    return removed
 
 
 # -- the child ---------------------------------------------------------------------------
@@ -222,6 +246,7 @@ def _serve(connection: Connection) -> None:
                 transfer, metadata = arguments
                 with pa.memory_map(transfer, "r") as source:
                     changes = pa.ipc.open_file(source).read_all()
+                os.remove(transfer)  # mapped: its memory goes once this batch is done
                 landed = merger.merge(changes, metadata)
                 del changes
                 reply = ("ok", (landed, merger.last_rows, merger.conflicts))

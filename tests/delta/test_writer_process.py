@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from replicator.delta import writer_process
 from replicator.delta.schema import DataLayout
 from replicator.delta.writer_process import WriterProcess, WriterProcessError
 
@@ -89,3 +90,19 @@ def test_the_child_dies_with_its_parent(tmp_path: Path) -> None:
     finally:
         parent.kill()
         parent.wait(30)
+
+
+def test_batch_files_of_runs_that_are_gone_are_removed(tmp_path: Path) -> None:
+    directory = writer_process._transfer_directory()
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    stale = Path(directory) / f"{writer_process.TRANSFER_PREFIX}{gone.stdout.strip()}-x.arrow"
+    ours = Path(writer_process._transfer_path())
+    stale.write_bytes(b"a batch nobody will read")
+    ours.write_bytes(b"a batch of this run")
+    try:
+        assert writer_process.remove_stale_transfers() >= 1
+        assert not stale.exists() and ours.exists()
+    finally:
+        stale.unlink(missing_ok=True)
+        ours.unlink(missing_ok=True)
