@@ -31,6 +31,7 @@ import pyarrow.parquet as pq
 
 from replicator.delta.commit_metadata import COMMIT, CommitMetadata
 from replicator.delta.dv_merge import DeletionVectorMerger
+from replicator.delta.key_index import KeyIndex
 from replicator.delta.log_snapshot import read_snapshot
 from replicator.delta.schema import DataLayout
 from replicator.delta.writer_process import WriterProcess
@@ -40,9 +41,9 @@ from replicator.staging.rows import CHANGE_SCHEMA, DELETE, UPSERT
 
 def _live_keys(root: str) -> pa.Table:
     """Every live document's key columns, file and position."""
-    merger = DeletionVectorMerger(root, _layout(root), row_images=False)
-    merger.index.refresh(read_snapshot(root))
-    return merger.index.live_rows()
+    index = KeyIndex(root)
+    index.refresh(read_snapshot(root))
+    return index.live_rows()
 
 
 def _layout(root: str) -> DataLayout:
@@ -150,11 +151,7 @@ def main() -> None:
             print(f"{name}: commits " + " ".join(f"{t:.2f}" for t in times) + f" s{hits}")
     finally:
         stop.set()
-    tables = {}
-    for name, copy in copies.items():
-        merger = DeletionVectorMerger(copy, _layout(copy), row_images=False)
-        merger.index.refresh(read_snapshot(copy))
-        tables[name] = merger.index.live_rows()
+    tables = {name: _live_keys(copy) for name, copy in copies.items()}
     same = len({table.num_rows for table in tables.values()}) == 1
     feeds = {}
     for name, copy in copies.items():

@@ -185,11 +185,14 @@ def _live_batches(
 def _parts(
     table_root: str, data_file: DataFile, batch_bytes: int, images: RowImages | None
 ) -> Iterator[FilePart]:
-    parquet = pq.ParquetFile(data_file.local_path(table_root))
     image = None
-    if images is not None:
-        image = images.read(data_file.path, parquet.metadata.num_rows)
+    if images is not None:  # the row count from the add action's statistics, or the footer
+        rows = data_file.num_records
+        if rows is None:
+            rows = pq.ParquetFile(data_file.local_path(table_root)).metadata.num_rows
+        image = images.read(data_file.path, rows)
     if image is None:
+        parquet = pq.ParquetFile(data_file.local_path(table_root))
         yield from read_parts(parquet, DATA_COLUMNS, batch_bytes)
         return
     first = 0
