@@ -5,8 +5,8 @@ third of it at 20,000 changes/s), mostly fixed costs of its jobs; reading the sa
 files and writing their live rows from the driver takes a fraction of that (README, "Compaction
 without Spark"). As OPTIMIZE does, in each partition asked for:
 
-- the candidates are the files under `min_file_bytes` and those whose deletion vector hides
-  more than `max_deleted_share` of their rows;
+- the candidates are the files under the partition's size bound and those whose deletion
+  vector hides more than `max_deleted_share` of their rows;
 - a partition's candidates are packed into one new file (or more past `file_bytes`), their
   deleted rows left out; a lone candidate is rewritten only when it has deleted rows;
 - one log entry removes them and adds the new files, `dataChange: false` (no change data: the
@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,6 +61,24 @@ class PackedFiles:
     purged_rows: int = 0
 
 
+ALL_FILES = sys.maxsize
+"""A partition's bound in `pack_partitions` that takes all its files (packed whole)."""
+
+
+def files_by_partition(
+    snapshot: LogSnapshot, layout: DataLayout, partitions: Iterable[int]
+) -> dict[int, list[DataFile]]:
+    """The live files of each of `partitions` (those without files left out)."""
+    column = layout.partition_column
+    wanted = {str(p): p for p in partitions}
+    by_partition: dict[int, list[DataFile]] = {}
+    for data_file in snapshot.files.values():
+        partition = wanted.get(data_file.partition_values.get(column))  # type: ignore[arg-type]
+        if partition is not None:
+            by_partition.setdefault(partition, []).append(data_file)
+    return by_partition
+
+
 def candidates(
     files: Iterable[DataFile], min_file_bytes: int, max_deleted_share: float
 ) -> list[DataFile]:
@@ -86,31 +105,27 @@ def pack_partitions(
     table_root: str,
     layout: DataLayout,
     snapshot: LogSnapshot,
-    partitions: Sequence[int],
+    packed_under: Mapping[int, int],
     *,
-    min_file_bytes: int,
-    max_deleted_share: float,
+    max_deleted_share: float = 1.0,
     file_bytes: int = PACKED_FILE_BYTES,
     row_group_bytes: int = ROW_GROUP_BYTES,
     read_batch_bytes: int = READ_BATCH_BYTES,
     images: RowImages | None = None,
 ) -> PackedFiles | None:
-    """Pack the small or mostly deleted files of `partitions` in the table at `table_root`,
-    as of `snapshot`; None when another writer committed the next version first.
+    """Pack the small or mostly deleted files of the partitions `packed_under` names in the
+    table at `table_root`, as of `snapshot`: in each, the files under its number of bytes
+    (`ALL_FILES`: every file), and those whose deleted rows passed `max_deleted_share`; None
+    when another writer committed the next version first.
 
     With `images`, files are read from their row images where they have one, the packed files
     get theirs, and the removed files' images go once the entry landed."""
     column = layout.partition_column
-    wanted = {str(p) for p in partitions}
-    by_partition: dict[str, list[DataFile]] = {}
-    for data_file in snapshot.files.values():
-        value = data_file.partition_values.get(column)
-        if value in wanted:
-            by_partition.setdefault(value, []).append(data_file)
+    by_partition = files_by_partition(snapshot, layout, packed_under)
     packed = [
-        (int(value), picked)
-        for value, files in by_partition.items()
-        if (picked := candidates(files, min_file_bytes, max_deleted_share))
+        (partition, picked)
+        for partition, files in by_partition.items()
+        if (picked := candidates(files, packed_under[partition], max_deleted_share))
     ]
     if not packed:
         return PackedFiles(None)

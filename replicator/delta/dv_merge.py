@@ -28,7 +28,7 @@ import os
 import shutil
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -178,16 +178,13 @@ class DeletionVectorMerger:
             _log.info("row images are off: removing %s", directory)
             shutil.rmtree(directory, ignore_errors=True)
 
-    def pack(
-        self, partitions: Sequence[int], *, min_file_bytes: int, max_deleted_share: float
-    ) -> PackedFiles | None:
-        """Compact `partitions` of the newest table (`bin_packing.pack_partitions`, reading and
+    def pack(self, packed_under: Mapping[int, int]) -> PackedFiles | None:
+        """Compact partitions of the newest table (`bin_packing.pack_partitions`, reading and
         writing row images with this writer's); None when another writer committed first."""
         snapshot = self._snapshot = read_snapshot(self.root, since=self._snapshot)
         return pack_partitions(
-            self.root, self.layout, snapshot, partitions, min_file_bytes=min_file_bytes,
-            max_deleted_share=max_deleted_share, images=self.images,
-        )  # fmt: skip
+            self.root, self.layout, snapshot, packed_under, images=self.images
+        )
 
     # -- one plan -------------------------------------------------------------------------
 

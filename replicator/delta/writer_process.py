@@ -43,7 +43,7 @@ import pyarrow as pa
 from replicator.delta.conflicts import MergeConflict
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Mapping
 
     from replicator.delta.arrow_append import AppendedCommit
     from replicator.delta.bin_packing import PackedFiles
@@ -93,11 +93,9 @@ class WriterProcess:
         self.last_rows, self.conflicts = rows, conflicts
         return landed  # type: ignore[no-any-return]
 
-    def pack(
-        self, partitions: Sequence[int], *, min_file_bytes: int, max_deleted_share: float
-    ) -> PackedFiles | None:
+    def pack(self, packed_under: Mapping[int, int]) -> PackedFiles | None:
         """`DeletionVectorMerger.pack` in the child."""
-        packed = self._call("pack", list(partitions), min_file_bytes, max_deleted_share)
+        packed = self._call("pack", dict(packed_under))
         return packed  # type: ignore[no-any-return]
 
     def close(self) -> None:
@@ -251,9 +249,8 @@ def _serve(connection: Connection) -> None:
                 del changes
                 reply = ("ok", (landed, merger.last_rows, merger.conflicts))
             elif kind == "pack":
-                partitions, min_file_bytes, max_deleted_share = arguments
-                packed = merger.pack(partitions, min_file_bytes=min_file_bytes,
-                                     max_deleted_share=max_deleted_share)  # fmt: skip
+                (packed_under,) = arguments
+                packed = merger.pack(packed_under)
                 reply = ("ok", packed)
             else:
                 raise ValueError(f"unknown request {kind!r}")

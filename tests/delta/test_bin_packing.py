@@ -75,8 +75,8 @@ def test_packed_partitions_read_the_same_rows_without_their_deleted_ones(
     assert any(f.deletion_vector for f in before.files.values())
 
     packed = pack_partitions(
-        str(tmp_path / "m"), mirror.data_layout, before, [0],
-        min_file_bytes=1024 * 1024 * 1024, max_deleted_share=0.3,
+        str(tmp_path / "m"), mirror.data_layout, before, {0: 1024**3},
+        max_deleted_share=0.3,
     )  # fmt: skip
 
     assert packed is not None and packed.version == before.version + 1
@@ -124,8 +124,8 @@ def test_a_compaction_that_meets_another_commit_gives_way_and_leaves_no_file(
     on_disk = {p for p in (tmp_path / "m").rglob("*") if p.is_file()}
 
     packed = pack_partitions(
-        str(tmp_path / "m"), mirror.data_layout, stale, [0, 1],
-        min_file_bytes=1024 * 1024 * 1024, max_deleted_share=0.3,
+        str(tmp_path / "m"), mirror.data_layout, stale, {0: 1024**3, 1: 1024**3},
+        max_deleted_share=0.3,
     )  # fmt: skip
 
     assert packed is None
@@ -135,8 +135,7 @@ def test_a_compaction_that_meets_another_commit_gives_way_and_leaves_no_file(
     # Nothing to pack: no entry at all.
     fresh = read_snapshot(str(tmp_path / "m"))
     assert pack_partitions(
-        str(tmp_path / "m"), mirror.data_layout, fresh, [5],
-        min_file_bytes=1, max_deleted_share=1.0,
+        str(tmp_path / "m"), mirror.data_layout, fresh, {5: 1},
     ).version is None  # type: ignore[union-attr]  # fmt: skip
     assert not os.path.exists(tmp_path / "m" / "_delta_log" / f"{fresh.version + 1:020d}.json")
     owners.release(claim)
@@ -158,8 +157,8 @@ def test_a_failure_after_the_entry_landed_keeps_its_files(
     monkeypatch.setattr(bin_packing, "publish_entry", landed_then_failed)
     with pytest.raises(OSError, match="went away"):
         pack_partitions(
-            str(tmp_path / "m"), mirror.data_layout, snapshot, [0, 1],
-            min_file_bytes=1024 * 1024 * 1024, max_deleted_share=0.3,
+            str(tmp_path / "m"), mirror.data_layout, snapshot, {0: 1024**3, 1: 1024**3},
+            max_deleted_share=0.3,
         )  # fmt: skip
 
     after = read_snapshot(str(tmp_path / "m"))
@@ -190,8 +189,8 @@ def test_a_compaction_reads_row_images_writes_the_packed_files_and_drops_the_rem
 
     monkeypatch.setattr(bin_packing, "read_parts", no_parquet)
     packed = pack_partitions(
-        root, mirror.data_layout, before, [0], min_file_bytes=1024 * 1024 * 1024,
-        max_deleted_share=0.3, images=images,
+        root, mirror.data_layout, before, {0: 1024**3}, max_deleted_share=0.3,
+        images=images,
     )  # fmt: skip
 
     assert packed is not None and (packed.removed, packed.added) == (3, 1)

@@ -19,6 +19,7 @@ import pytest
 from chispa import assert_df_equality
 
 from replicator.delta import dv_merge
+from replicator.delta.bin_packing import ALL_FILES
 from replicator.delta.changes import concat_changes
 from replicator.delta.commit_metadata import COMMIT, CommitMetadata
 from replicator.delta.deletion_vectors import read_positions
@@ -593,7 +594,7 @@ def test_a_compaction_through_the_writer_s_child_process_keeps_every_row(
         expected = spark.createDataFrame(mirror.read().collect(), mirror.read().schema)
         before = read_snapshot(str(tmp_path / "t"))
 
-        packed = writer.pack([0], min_file_bytes=1024**3, max_deleted_share=0.3)
+        packed = writer.pack({0: ALL_FILES})
 
         assert packed is not None and packed.version == before.version + 1
         after = read_snapshot(str(tmp_path / "t"))

@@ -133,8 +133,9 @@ def _large_doc(n: int) -> str:
     return json.dumps({"n": n, "pad": os.urandom(400).hex()})
 
 
-def test_a_minor_compaction_packs_recent_files_and_leaves_large_ones(
-    spark: Any, tmp_path: Path
+@pytest.mark.parametrize("writer", ["arrow", "spark"])
+def test_compactions_pack_recent_files_and_stagger_the_partitions_packed_whole(
+    spark: Any, tmp_path: Path, writer: str
 ) -> None:
     mirror = open_or_create(spark, str(tmp_path / "tiers"), MirrorConfig("travel", num_vbuckets=8))
     owners = OwnersTable.of(mirror)
@@ -142,14 +143,18 @@ def test_a_minor_compaction_packs_recent_files_and_leaves_large_ones(
     claim = owners.claim(vbuckets)
     executor = CommitExecutor(mirror, claim, owners)
     compactor = Compactor(
-        mirror, claim.vbuckets, CompactionPolicy(small_file_bytes=1, max_files_per_partition=2)
-    )
+        mirror, claim.vbuckets, CompactionPolicy(small_file_bytes=1, max_files_per_partition=2),
+        writer=writer,
+    )  # fmt: skip
     stricter = Compactor(
-        mirror, claim.vbuckets, CompactionPolicy(small_file_bytes=1, max_files_per_partition=1)
-    )
+        mirror, claim.vbuckets, CompactionPolicy(small_file_bytes=1, max_files_per_partition=1),
+        writer=writer,
+    )  # fmt: skip
     base = [[upsert(vb, f"k{i}", i + 1, _large_doc(i)) for i in range(200)] for vb in vbuckets]
     executor.execute(batch(1, *(vbucket_commit(vb, base[vb], seqno=200, first_load=True)
                                 for vb in vbuckets)))
+    large = set(mirror.read().inputFiles())
+    assert len(large) == len(vbuckets)
     seqno = 200
 
     def small_commits(count: int) -> None:
@@ -162,30 +167,29 @@ def test_a_minor_compaction_packs_recent_files_and_leaves_large_ones(
                 for vb in vbuckets
             )))
 
-    small_commits(2)
-    first = compactor.compact()
-    # Nothing measured yet: "small" is under 1 byte, so the minor pass packs nothing, and the
-    # three files a partition are above that policy's two: a full pass follows.
-    assert first is not None and first.full and first.files_after == len(vbuckets)
-    large = set(mirror.read().inputFiles())
     small_commits(3)
     expected = spark.createDataFrame(mirror.read().collect(), mirror.read().schema)
 
     minor = compactor.compact()
 
-    assert minor is not None and not minor.full
-    # Each partition: its large file, untouched, and one file packed from the three small ones.
+    # Each partition: its large file, untouched, and one file packed from the three small ones
+    # (under a quarter of the large one).
+    assert minor is not None and not minor.full and minor.waiting == ()
     assert minor.files_after == 2 * len(vbuckets)
     assert large <= set(mirror.read().inputFiles())
     assert_df_equality(mirror.read(), expected, ignore_row_order=True)
 
-    assert stricter.compact() is not None
-    small_commits(2)
+    small_commits(1)
     before = spark.createDataFrame(mirror.read().collect(), mirror.read().schema)
-    escalated = stricter.compact()
-    # The minor pass leaves two files a partition, above that policy's one: a full pass follows.
-    assert escalated is not None and escalated.full
-    assert escalated.files_after == len(vbuckets) and stricter.full_compactions == 2
+    first = stricter.compact()
+    # A minor pass would leave two files a partition, above that policy's one: both are due to
+    # be packed whole, and one compaction packs one of them (an eighth of two, at least one).
+    assert first is not None and len(first.whole) == 1 and len(first.waiting) == 1
+    assert sorted(first.whole + first.waiting) == compactor.partitions
+    assert first.files_after == 1 + 2  # the other partition had its minor pass
+    second = stricter.compact()
+    assert second is not None and second.whole == first.waiting and second.waiting == ()
+    assert second.files_after == len(vbuckets) and stricter.full_compactions == 2
     assert_df_equality(mirror.read(), before, ignore_row_order=True)
     owners.release(claim)
 
