@@ -166,7 +166,7 @@ COMPACTION_WRITERS = ("arrow", "spark")
 """Who writes a compaction: the compactor from Arrow where the table allows it, or Spark."""
 
 FULL_COMPACTION_FILE_BYTES = 1024 * 1024 * 1024
-"""A full compaction takes files up to OPTIMIZE's target file size (1 GiB): all of them."""
+"""Spark's OPTIMIZE of a partition packed whole takes files up to its target file size (1 GiB)."""
 
 
 def compacted_partitions(layout: DataLayout, vbuckets: Iterable[int]) -> list[int]:
