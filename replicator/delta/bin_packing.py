@@ -73,7 +73,8 @@ def files_by_partition(
     wanted = {str(p): p for p in partitions}
     by_partition: dict[int, list[DataFile]] = {}
     for data_file in snapshot.files.values():
-        partition = wanted.get(data_file.partition_values.get(column))  # type: ignore[arg-type]
+        value = data_file.partition_values.get(column)
+        partition = None if value is None else wanted.get(value)
         if partition is not None:
             by_partition.setdefault(partition, []).append(data_file)
     return by_partition
