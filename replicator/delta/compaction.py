@@ -309,13 +309,14 @@ class Compactor:
     def compact(self) -> CompactionOutcome | None:
         """Compact this owner's partitions now (`plan_compaction`); None when a concurrent
         commit got in the way."""
-        before = self.table_files()
         started = time.monotonic()
         if self._reads_log:
             snapshot = self._newest_log()
+            before = len(snapshot.files)  # the log just read: no second look
             files = files_by_partition(snapshot, self.mirror.data_layout, self.partitions)
             plan = plan_compaction({p: files.get(p, []) for p in self.partitions}, self.policy)
         else:
+            before = self.table_files()
             plan = self._plan_from_spark()
         if plan.packed_under and not self._optimize(plan):
             return None
