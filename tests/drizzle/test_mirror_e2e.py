@@ -84,7 +84,7 @@ def test_a_queue_is_mirrored_and_redelivered_messages_apply_once(
     spark: Any, tmp_path: Path, queue_source: AmqpSource, rabbitmq: Any
 ) -> None:
     workload = Workload(SMALL)
-    messages = [m.SerializeToString() for m in workload.messages(60)]
+    messages = [m.SerializeToString() for m in workload.messages(36)]
     with TransactionPublisher(queue_source).connect() as publisher:
         publisher.publish_all(messages)
         # Duplicates as a publisher that retried after a lost confirm would send them.
