@@ -110,6 +110,16 @@ def dcp_sessions(cluster: SimCluster) -> int:
     return sum(1 for s in cluster.sessions() if s.dcp_name and not s.closed)
 
 
+def connections_replaced(
+    cluster: SimCluster, caplog: pytest.LogCaptureFixture, *, nodes: int
+) -> bool:
+    """The client reconnected once for each connection it lost, and the producer has let go of
+    the broken ones: a fault injected now reaches the connections that carry the streams (a
+    broken one the producer has not yet seen closed would take it, and nothing would break)."""
+    replaced = log_count(caplog, "reconnected to") >= log_count(caplog, "connection lost")
+    return replaced and dcp_sessions(cluster) == nodes
+
+
 def no_vbucket_committed(run: BackgroundReplication) -> bool:
     return all(seqno == 0 for seqno in run.progress.committed.values())
 
@@ -312,7 +322,8 @@ def test_malformed_frames_replace_the_connection_and_streams_resume(
         with BackgroundReplication(spark, config) as run:
             for kind in MalformedFrame:
                 lost_before = log_count(info_logs, "connection lost")
-                run.wait_for(lambda: dcp_sessions(cluster) >= 2, "a DCP connection to each node")
+                run.wait_for(lambda: connections_replaced(cluster, info_logs, nodes=2),
+                             "a new DCP connection to each node, the broken ones gone")
                 assert cluster.send_malformed_frame(kind) >= 1
                 write_changes(bucket, workload, batches=1, size=30)
                 run.wait_for(logged_more(info_logs, "connection lost", than=lost_before),
