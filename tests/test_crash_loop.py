@@ -63,7 +63,7 @@ def test_a_run_starts_with_the_fast_flags_its_class_archive_and_small_data_plann
 
 
 # `make test` runs 3 kills; `make soak` runs 20 (and jobs/soak.py 200). Inside `make test` the 20
-# kills took 10 minutes of one worker, and the 5 kills run until 2026-12-02 took 322 to 432 s,
+# kills took 10 minutes of one worker, and the 5 kills it ran until 2026-12-02 took 322 to 432 s,
 # which put the suite past CI's 30 minutes on a slow day. Seed 0's 3 kills land in the initial
 # load, after a steady commit, and in the rollback or resync after the first fault; the second
 # fault comes after the last kill, so the final run handles it unkilled (phases follow from the
